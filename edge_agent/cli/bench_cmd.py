@@ -1,0 +1,70 @@
+"""``edge-agent bench``: benchmarks that print a table and write JSON."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from edge_agent.bench.report import write_json
+from edge_agent.cli.common import CliError, add_model_dir, add_profiles_dir, resolve_profile
+from edge_agent.package import ModelRepository
+from edge_agent.paths import default_model_dir
+from edge_agent.runtime import installed_formats
+
+SUITES = ("runtime",)
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("bench", help="benchmarks (print a table, write JSON)")
+    parser.add_argument(
+        "suite", nargs="?", choices=SUITES, default="runtime", help="what to measure"
+    )
+    parser.add_argument("--model", help="model name (runtime suite)")
+    parser.add_argument("--version", type=int, help="model version (default: the newest)")
+    parser.add_argument(
+        "--variant", action="append", help="variant id to measure (repeatable; default: all)"
+    )
+    parser.add_argument(
+        "--profile", help="device profile for threads and providers (default: detected)"
+    )
+    parser.add_argument("--threads", type=int, help="override the profile's thread count")
+    parser.add_argument("--rounds", type=int, default=5, help="measurement rounds (default: 5)")
+    parser.add_argument("--seconds", type=float, default=0.3, help="seconds per variant and round")
+    parser.add_argument(
+        "--batch", type=int, default=32, help="batch size for the batched throughput"
+    )
+    parser.add_argument("--no-rss", action="store_true", help="skip the per-variant peak RSS runs")
+    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    add_model_dir(parser)
+    add_profiles_dir(parser)
+    parser.set_defaults(run=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from edge_agent.bench.runtime import BenchSettings, format_report, run_bench
+
+    if not args.model:
+        raise CliError("the runtime benchmark needs --model NAME")
+    package = ModelRepository(args.model_dir or default_model_dir()).get(args.model, args.version)
+    profile, _ = resolve_profile(args)
+    options = profile.runtime
+    if args.threads:
+        options = replace(options, threads=args.threads)
+    if args.variant:
+        variants = [package.variant(v) for v in args.variant]
+    else:
+        installed = installed_formats()
+        variants = [v for v in package.variants if v.format in installed]
+    settings = BenchSettings(
+        rounds=args.rounds, seconds_per_round=args.seconds, batch=args.batch, rss=not args.no_rss
+    )
+    report = run_bench(package, variants, options, settings)
+    report["profile"] = profile.id
+    print(format_report(report))
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,55 @@
+"""Helpers shared by the ``edge-agent`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from edge_agent.errors import EdgeError
+from edge_agent.paths import default_model_dir, default_profiles_dir
+from edge_agent.profiles import Detection, DeviceProfile, ProfileStore, detect_profile
+
+__all__ = ["CliError", "add_model_dir", "add_profiles_dir", "print_json", "resolve_profile"]
+
+
+class CliError(EdgeError):
+    """A command-line argument names something that is not there."""
+
+
+def add_model_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help=f"model repository (default: {default_model_dir()})",
+    )
+
+
+def add_profiles_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profiles-dir",
+        type=Path,
+        default=None,
+        help=f"device profiles (default: {default_profiles_dir()})",
+    )
+
+
+def profile_store(args: argparse.Namespace) -> ProfileStore:
+    return ProfileStore(args.profiles_dir or default_profiles_dir())
+
+
+def resolve_profile(args: argparse.Namespace) -> tuple[DeviceProfile, Detection | None]:
+    """The profile named by ``--profile``, else the detected one."""
+    store = profile_store(args)
+    if getattr(args, "profile", None):
+        return store.get(args.profile), None
+    detection = detect_profile(list(store), Path(getattr(args, "root", None) or "/"))
+    return detection.profile, detection
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")

@@ -1,0 +1,160 @@
+"""``edge-agent infer``: run one model on one input file and print the result as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent.cli.common import (
+    CliError,
+    add_model_dir,
+    add_profiles_dir,
+    print_json,
+    resolve_profile,
+)
+from edge_agent.errors import InputError
+from edge_agent.package import ModelPackage, ModelRepository
+from edge_agent.paths import default_model_dir
+from edge_agent.runtime import open_best, open_variant
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
+MAX_PRINTED_VALUES = 1000
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("infer", help="run a model on an input file")
+    parser.add_argument("--model", required=True, help="model name")
+    parser.add_argument("--version", type=int, help="model version (default: the newest)")
+    parser.add_argument(
+        "--variant", help="variant id, e.g. onnx-int8 (default: chosen by the profile)"
+    )
+    parser.add_argument("--profile", help="device profile (default: detected)")
+    parser.add_argument(
+        "--input",
+        required=True,
+        type=Path,
+        help=".npy (one item or a batch), .npz (one array per input name) or an image file",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=3, help="labels to report per item (classification)"
+    )
+    parser.add_argument("--full", action="store_true", help="print large outputs in full")
+    add_model_dir(parser)
+    add_profiles_dir(parser)
+    parser.set_defaults(run=_infer)
+
+
+def read_input(package: ModelPackage, path: Path) -> dict[str, np.ndarray[Any, Any]]:
+    """The model's inputs from a ``.npy``/``.npz``/image file.
+
+    A ``.npy`` array with one dimension fewer than the model's input is one
+    item: a batch dimension is added.
+
+    Raises:
+        InputError: the file is missing, unreadable, or of a kind the model cannot take.
+    """
+    if not path.is_file():
+        raise InputError(f"input file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".npy", ".npz"):
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read {path} as a NumPy file: {exc}") from exc
+        if suffix == ".npz":
+            with loaded:
+                return {name: loaded[name] for name in loaded.files}
+        if len(package.inputs) != 1:
+            names = ", ".join(spec.name for spec in package.inputs)
+            raise InputError(f"{package.name} takes several inputs ({names}); pass an .npz file")
+        spec = package.inputs[0]
+        array = loaded[None] if loaded.ndim == len(spec.shape) - 1 else loaded
+        return {spec.name: array}
+    if suffix in IMAGE_SUFFIXES:
+        if package.preprocessing is None:
+            raise InputError(
+                f"{package.name} does not take images (its manifest has no preprocessing); "
+                "pass a .npy file"
+            )
+        from edge_agent.preprocess import decode_image, image_to_tensor
+
+        tensor = image_to_tensor(decode_image(path.read_bytes()), package.preprocessing)
+        return {package.preprocessing.input: tensor}
+    raise InputError(
+        f"unsupported input file {path.name}: expected .npy, .npz or an image "
+        f"({', '.join(sorted(IMAGE_SUFFIXES))})"
+    )
+
+
+def describe_outputs(
+    package: ModelPackage, outputs: dict[str, np.ndarray[Any, Any]], *, top_k: int, full: bool
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"outputs": {}}
+    for name, value in outputs.items():
+        entry: dict[str, Any] = {"shape": list(value.shape), "datatype": str(value.dtype)}
+        if full or value.size <= MAX_PRINTED_VALUES:
+            entry["data"] = np.round(value.astype(np.float64), 6).tolist()
+        else:
+            entry["summary"] = {
+                "min": float(value.min()),
+                "max": float(value.max()),
+                "mean": float(value.mean()),
+            }
+        result["outputs"][name] = entry
+    if package.task == "classification" and package.outputs:
+        scores = outputs[package.outputs[0].name].reshape(
+            -1, outputs[package.outputs[0].name].shape[-1]
+        )
+        labels = package.labels
+        result["top_k"] = [
+            [
+                {
+                    "index": int(i),
+                    "label": labels[i] if i < len(labels) else str(i),
+                    "score": round(float(row[i]), 6),
+                }
+                for i in np.argsort(-row)[:top_k]
+            ]
+            for row in scores
+        ]
+    return result
+
+
+def _infer(args: argparse.Namespace) -> int:
+    repository = ModelRepository(args.model_dir or default_model_dir())
+    package = repository.get(args.model, args.version)
+    profile, _ = resolve_profile(args)
+    inputs = read_input(package, args.input)
+    if args.variant:
+        variant = package.variant(args.variant)
+        session = open_variant(package, variant, profile.runtime)
+    else:
+        variant, session = open_best(
+            package,
+            profile.runtime,
+            precisions=profile.precisions,
+            formats=profile.formats,
+            profile_name=f"profile {profile.id}",
+        )
+    if args.top_k < 1:
+        raise CliError("--top-k must be at least 1")
+    start = time.perf_counter()
+    outputs = session.run(inputs)
+    latency_ms = (time.perf_counter() - start) * 1000
+    print_json(
+        {
+            "model": package.name,
+            "version": package.version,
+            "variant": variant.id,
+            "profile": profile.id,
+            "backend": session.backend,
+            "device": session.device,
+            "latency_ms": round(latency_ms, 4),
+            **describe_outputs(package, outputs, top_k=args.top_k, full=args.full),
+        }
+    )
+    return 0

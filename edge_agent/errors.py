@@ -1,0 +1,106 @@
+"""The error tree of ``edge_agent``.
+
+Every error the package raises derives from :class:`EdgeError`; errors of the
+libraries underneath (ONNX Runtime, LiteRT, file parsers) are translated at
+the seam where they are called, with ``raise ... from exc``, so callers only
+ever catch these::
+
+    EdgeError
+    ├── ConfigError              a configuration file is missing, malformed or wrong
+    │   └── ProfileError         a device profile file
+    ├── PackageError             a model package (manifest, variant files) is wrong
+    ├── ModelNotFoundError       no model, version or variant by that name
+    ├── InputError               the caller's input does not fit the model
+    ├── NoVariantError           no variant of the model can run on this device
+    └── BackendError             the inference runtime failed
+        ├── BackendUnavailableError   the runtime library is not installed
+        ├── ModelLoadError            the runtime refused the model
+        └── InferenceError            the runtime failed while running it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "ConfigError",
+    "EdgeError",
+    "InferenceError",
+    "InputError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NoVariantError",
+    "PackageError",
+    "ProfileError",
+]
+
+
+class EdgeError(Exception):
+    """Base of every error raised by ``edge_agent``."""
+
+
+class ConfigError(EdgeError):
+    """A configuration file is missing, malformed or holds a wrong value.
+
+    The message names the file, the field (a dotted path) and what was
+    expected, e.g. ``rpi.toml: runtime.threads: expected an integer >= 1, got 'four'``.
+    """
+
+    def __init__(
+        self, message: str, *, path: Path | str | None = None, field: str | None = None
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.field = field
+        self.reason = message
+        prefix = ""
+        if self.path is not None:
+            prefix += f"{self.path}: "
+        if field:
+            prefix += f"{field}: "
+        super().__init__(prefix + message)
+
+
+class ProfileError(ConfigError):
+    """A device profile file is malformed or holds a wrong value."""
+
+
+class PackageError(EdgeError):
+    """A model package is malformed: its manifest, or a file it names."""
+
+
+class ModelNotFoundError(EdgeError):
+    """No model, version or variant by the requested name."""
+
+
+class InputError(EdgeError):
+    """The caller's input does not fit the model.
+
+    ``input_name`` names the offending input (``None`` when the problem is
+    with the request as a whole).
+    """
+
+    def __init__(self, message: str, *, input_name: str | None = None) -> None:
+        self.input_name = input_name
+        super().__init__(message)
+
+
+class NoVariantError(EdgeError):
+    """No variant of the model can run with the runtimes and profile at hand."""
+
+
+class BackendError(EdgeError):
+    """The inference runtime (ONNX Runtime, LiteRT) failed."""
+
+
+class BackendUnavailableError(BackendError):
+    """The runtime library a variant needs is not installed."""
+
+
+class ModelLoadError(BackendError):
+    """The runtime refused to load the model."""
+
+
+class InferenceError(BackendError):
+    """The runtime failed while running the model."""

@@ -1,0 +1,246 @@
+"""Typed reading of parsed configuration documents (TOML, JSON) with clear errors.
+
+Every file the project reads (device profiles, model manifests, agent and
+gateway configs, policies) goes through :class:`Fields`, so that every wrong
+value is reported the same way: the file, the dotted field, what was
+expected and what came::
+
+    device_profiles/rpi5.toml: runtime.threads: expected an integer >= 1, got 'four'
+
+Unknown keys are refused too (a misspelt key silently ignored is a setting
+silently lost).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from edge_agent.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (JetPack 6)
+    import tomli as tomllib
+
+__all__ = ["Fields", "load_document"]
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+def load_document(path: Path, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """Parse a ``.toml`` or ``.json`` file into a dict.
+
+    Raises:
+        ConfigError (or ``error``): the file is missing, unreadable or not valid.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error("file not found", path=path) from None
+    except OSError as exc:
+        raise error(f"cannot read: {exc.strerror}", path=path) from exc
+    except UnicodeDecodeError as exc:
+        raise error("not UTF-8 text", path=path) from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=path) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"invalid TOML: {exc}", path=path) from exc
+    if not isinstance(data, dict):
+        raise error("expected a table/object at the top level", path=path)
+    return data
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Fields:
+    """A view on one table of a parsed document, that reads typed values.
+
+    ``prefix`` is the dotted path of the table (``""`` for the top level).
+    Call :meth:`done` after reading a table to refuse keys that were not read.
+    """
+
+    def __init__(
+        self,
+        data: Mapping[str, Any],
+        *,
+        path: Path | None = None,
+        prefix: str = "",
+        error: type[ConfigError] = ConfigError,
+    ) -> None:
+        self._data = data
+        self._path = path
+        self._prefix = prefix
+        self._error = error
+        self._seen: set[str] = set()
+
+    # -- errors -----------------------------------------------------------
+
+    def field_name(self, key: str) -> str:
+        return f"{self._prefix}.{key}" if self._prefix else key
+
+    def fail(self, key: str | None, message: str) -> ConfigError:
+        """An error about ``key`` (``None``: about this table as a whole)."""
+        field = self.field_name(key) if key is not None else (self._prefix or None)
+        return self._error(message, path=self._path, field=field)
+
+    # -- reading ----------------------------------------------------------
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def _get(self, key: str, default: Any) -> Any:
+        self._seen.add(key)
+        if key in self._data:
+            return self._data[key]
+        if default is _MISSING:
+            raise self.fail(key, "missing (required)")
+        return default
+
+    def get(self, key: str, check: Callable[[Any], T], expected: str, default: Any = _MISSING) -> T:
+        """Read ``key`` and convert it with ``check`` (which raises on a wrong value)."""
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            return value  # type: ignore[no-any-return]
+        try:
+            return check(value)
+        except (TypeError, ValueError):
+            raise self.fail(key, f"expected {expected}, got {_describe(value)}") from None
+
+    def string(
+        self, key: str, default: Any = _MISSING, *, choices: Sequence[str] | None = None
+    ) -> Any:
+        def check(value: Any) -> str:
+            if not isinstance(value, str) or (choices is not None and value not in choices):
+                raise ValueError
+            return value
+
+        expected = "a string" if choices is None else "one of " + ", ".join(map(repr, choices))
+        return self.get(key, check, expected, default)
+
+    def integer(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
+        def check(value: Any) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError
+            if minimum is not None and value < minimum:
+                raise ValueError
+            return value
+
+        expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+        return self.get(key, check, expected, default)
+
+    def number(
+        self,
+        key: str,
+        default: Any = _MISSING,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> Any:
+        def check(value: Any) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError
+            if minimum is not None and value < minimum:
+                raise ValueError
+            if maximum is not None and value > maximum:
+                raise ValueError
+            return float(value)
+
+        bounds = []
+        if minimum is not None:
+            bounds.append(f">= {minimum}")
+        if maximum is not None:
+            bounds.append(f"<= {maximum}")
+        expected = "a number" + (" " + " and ".join(bounds) if bounds else "")
+        return self.get(key, check, expected, default)
+
+    def boolean(self, key: str, default: Any = _MISSING) -> Any:
+        def check(value: Any) -> bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+
+        return self.get(key, check, "true or false", default)
+
+    def str_list(
+        self, key: str, default: Any = _MISSING, *, choices: Sequence[str] | None = None
+    ) -> Any:
+        def check(value: Any) -> list[str]:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TypeError
+            if choices is not None and any(v not in choices for v in value):
+                raise ValueError
+            return list(value)
+
+        expected = "a list of strings"
+        if choices is not None:
+            expected += " from " + ", ".join(map(repr, choices))
+        return self.get(key, check, expected, default)
+
+    def int_list(self, key: str, default: Any = _MISSING) -> Any:
+        def check(value: Any) -> list[int]:
+            if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            ):
+                raise TypeError
+            return list(value)
+
+        return self.get(key, check, "a list of integers", default)
+
+    def float_list(self, key: str, default: Any = _MISSING) -> Any:
+        def check(value: Any) -> list[float]:
+            if not isinstance(value, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+            ):
+                raise TypeError
+            return [float(v) for v in value]
+
+        return self.get(key, check, "a list of numbers", default)
+
+    def table(self, key: str, default: Any = _MISSING) -> Fields:
+        """The sub-table ``key`` (an empty one when absent and a default is given)."""
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise self.fail(key, f"expected a table, got {_describe(value)}")
+        return Fields(value, path=self._path, prefix=self.field_name(key), error=self._error)
+
+    def tables(self, key: str, default: Any = _MISSING) -> Iterator[Fields]:
+        """The array of tables ``key`` (``[[key]]`` in TOML)."""
+        value = self._get(key, default)
+        if value is default and default is not _MISSING:
+            value = []
+        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+            raise self.fail(key, f"expected a list of tables, got {_describe(value)}")
+        for index, item in enumerate(value):
+            yield Fields(
+                item, path=self._path, prefix=f"{self.field_name(key)}[{index}]", error=self._error
+            )
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        """The value of ``key`` as parsed, unchecked."""
+        return self._get(key, default)
+
+    def names(self) -> list[str]:
+        return list(self._data)
+
+    def done(self) -> None:
+        """Refuse the keys of this table that were never read.
+
+        Raises:
+            ConfigError: an unknown key (usually a misspelling).
+        """
+        unknown = [key for key in self._data if key not in self._seen]
+        if unknown:
+            known = ", ".join(sorted(self._seen)) or "none"
+            raise self.fail(unknown[0], f"unknown field (known fields here: {known})")

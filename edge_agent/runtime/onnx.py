@@ -1,0 +1,160 @@
+"""The ONNX Runtime backend.
+
+Execution providers come from :class:`RuntimeOptions` in order of preference
+(on a Jetson: TensorRT, then CUDA, then CPU). A provider that this build of
+ONNX Runtime lacks is skipped with a warning; one that is present but fails
+to initialise is dropped by ONNX Runtime itself, and :attr:`Session.device`
+tells what actually runs. The CPU provider is always the last resort.
+
+ONNX Runtime's exceptions (the ``onnxruntime_pybind11_state`` classes, plus
+``RuntimeError``/``ValueError`` from its Python wrapper) are translated here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from edge_agent.errors import BackendUnavailableError, InferenceError, ModelLoadError
+from edge_agent.runtime.base import Array, RuntimeOptions, Session
+from edge_agent.tensors import TensorSpec
+
+__all__ = ["OnnxSession"]
+
+log = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+_ORT_TYPES = {
+    "tensor(float)": "FP32",
+    "tensor(float16)": "FP16",
+    "tensor(double)": "FP64",
+    "tensor(int8)": "INT8",
+    "tensor(uint8)": "UINT8",
+    "tensor(int16)": "INT16",
+    "tensor(uint16)": "UINT16",
+    "tensor(int32)": "INT32",
+    "tensor(uint32)": "UINT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint64)": "UINT64",
+    "tensor(bool)": "BOOL",
+    "tensor(string)": "BYTES",
+}
+
+
+def _import_ort() -> tuple[Any, tuple[type[BaseException], ...]]:
+    try:
+        import onnxruntime as ort
+        from onnxruntime.capi import onnxruntime_pybind11_state as state
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "ONNX Runtime is not installed (pip install onnxruntime, or onnxruntime-gpu "
+            "on a Jetson)"
+        ) from exc
+    errors = tuple(
+        obj for obj in vars(state).values() if isinstance(obj, type) and issubclass(obj, Exception)
+    )
+    return ort, (*errors, RuntimeError, ValueError)
+
+
+def choose_providers(wanted: tuple[str, ...], available: list[str]) -> tuple[list[str], list[str]]:
+    """The providers to ask for, in order, and a warning for each one skipped.
+
+    Pure: ``available`` is what ``onnxruntime.get_available_providers()`` says.
+    """
+    chosen: list[str] = []
+    warnings: list[str] = []
+    for name in wanted:
+        if name in available:
+            if name not in chosen:
+                chosen.append(name)
+        else:
+            warnings.append(
+                f"execution provider {name} is not available in this ONNX Runtime build; "
+                "falling back to the next one"
+            )
+    if CPU not in chosen:
+        chosen.append(CPU)
+    return chosen, warnings
+
+
+def _spec(node: Any) -> TensorSpec:
+    datatype = _ORT_TYPES.get(node.type)
+    if datatype is None:
+        raise ModelLoadError(f"tensor {node.name!r} has an unsupported type {node.type}")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in node.shape)
+    return TensorSpec(node.name, datatype, shape)
+
+
+class OnnxSession(Session):
+    """A model loaded into an ``onnxruntime.InferenceSession``."""
+
+    backend = "onnxruntime"
+
+    def __init__(self, model: bytes | str, options: RuntimeOptions | None = None) -> None:
+        """Load ``model`` (the bytes of an ``.onnx`` file, or its path).
+
+        Raises:
+            BackendUnavailableError: ONNX Runtime is not installed.
+            ModelLoadError: ONNX Runtime refused the model.
+        """
+        options = options or RuntimeOptions()
+        ort, self._errors = _import_ort()
+        session_options = ort.SessionOptions()
+        session_options.log_severity_level = 3
+        session_options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[options.graph_optimization]
+        if options.threads is not None:
+            session_options.intra_op_num_threads = options.threads
+        if options.inter_op_threads is not None:
+            session_options.inter_op_num_threads = options.inter_op_threads
+        if not options.allow_spinning:
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            session_options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+
+        providers, warnings = choose_providers(options.providers, ort.get_available_providers())
+        for warning in warnings:
+            log.warning(warning)
+        provider_options = [dict(options.provider_options.get(name, {})) for name in providers]
+        try:
+            session = ort.InferenceSession(
+                model,
+                sess_options=session_options,
+                providers=providers,
+                provider_options=provider_options,
+            )
+        except self._errors as exc:
+            raise ModelLoadError(f"ONNX Runtime cannot load the model: {exc}") from exc
+        used = session.get_providers()
+        for name in providers:
+            if name not in used:
+                message = f"execution provider {name} failed to initialise; using {used[0]}"
+                log.warning(message)
+                warnings.append(message)
+        self._session = session
+        self._output_names = [node.name for node in session.get_outputs()]
+        super().__init__(
+            tuple(_spec(node) for node in session.get_inputs()),
+            tuple(_spec(node) for node in session.get_outputs()),
+            device=",".join(used),
+            warnings=warnings,
+        )
+
+    def _run(self, feeds: dict[str, Array]) -> dict[str, Array]:
+        try:
+            results = self._session.run(self._output_names, feeds)
+        except self._errors as exc:
+            raise InferenceError(f"ONNX Runtime failed: {exc}") from exc
+        return dict(zip(self._output_names, results, strict=True))
+
+    def raw_call(self, inputs: Mapping[str, Array]) -> Callable[[], Any]:
+        session, names = self._session, self._output_names
+        feeds = {name: np.asarray(value) for name, value in inputs.items()}
+        return lambda: session.run(names, feeds)

