@@ -11,6 +11,7 @@ ever catch these::
     ├── PackageError             a model package (manifest, variant files) is wrong
     ├── ModelNotFoundError       no model, version or variant by that name
     ├── InputError               the caller's input does not fit the model
+    │   └── ProtocolError        a request or response is malformed on the wire
     ├── NoVariantError           no variant of the model can run on this device
     └── BackendError             the inference runtime failed
         ├── BackendUnavailableError   the runtime library is not installed
@@ -34,6 +35,7 @@ __all__ = [
     "NoVariantError",
     "PackageError",
     "ProfileError",
+    "ProtocolError",
 ]
 
 
@@ -84,6 +86,10 @@ class InputError(EdgeError):
     def __init__(self, message: str, *, input_name: str | None = None) -> None:
         self.input_name = input_name
         super().__init__(message)
+
+
+class ProtocolError(InputError):
+    """A request or response is malformed on the wire (JSON, binary tensors, protobuf)."""
 
 
 class NoVariantError(EdgeError):

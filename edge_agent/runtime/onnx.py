@@ -8,7 +8,8 @@ tells what actually runs. The CPU provider is always the last resort.
 
 ONNX Runtime's exceptions (the ``onnxruntime_pybind11_state`` classes, plus
 ``RuntimeError``/``ValueError`` from its Python wrapper) are translated here
-and nowhere else.
+and nowhere else: ``INVALID_ARGUMENT`` while running (an index out of range,
+say) is the caller's :class:`InputError`; anything else an ``InferenceError``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import BackendUnavailableError, InferenceError, ModelLoadError
+from edge_agent.errors import BackendUnavailableError, InferenceError, InputError, ModelLoadError
 from edge_agent.runtime.base import Array, RuntimeOptions, Session
 from edge_agent.tensors import TensorSpec
 
@@ -45,7 +46,7 @@ _ORT_TYPES = {
 }
 
 
-def _import_ort() -> tuple[Any, tuple[type[BaseException], ...]]:
+def _import_ort() -> tuple[Any, tuple[type[BaseException], ...], type[BaseException]]:
     try:
         import onnxruntime as ort
         from onnxruntime.capi import onnxruntime_pybind11_state as state
@@ -57,7 +58,7 @@ def _import_ort() -> tuple[Any, tuple[type[BaseException], ...]]:
     errors = tuple(
         obj for obj in vars(state).values() if isinstance(obj, type) and issubclass(obj, Exception)
     )
-    return ort, (*errors, RuntimeError, ValueError)
+    return ort, (*errors, RuntimeError, ValueError), state.InvalidArgument
 
 
 def choose_providers(wanted: tuple[str, ...], available: list[str]) -> tuple[list[str], list[str]]:
@@ -81,6 +82,12 @@ def choose_providers(wanted: tuple[str, ...], available: list[str]) -> tuple[lis
     return chosen, warnings
 
 
+def _status_message(exc: BaseException) -> str:
+    text = str(exc)
+    marker = "Status Message: "
+    return text[text.index(marker) + len(marker) :] if marker in text else text
+
+
 def _spec(node: Any) -> TensorSpec:
     datatype = _ORT_TYPES.get(node.type)
     if datatype is None:
@@ -102,9 +109,10 @@ class OnnxSession(Session):
             ModelLoadError: ONNX Runtime refused the model.
         """
         options = options or RuntimeOptions()
-        ort, self._errors = _import_ort()
+        ort, self._errors, self._invalid_argument = _import_ort()
         session_options = ort.SessionOptions()
-        session_options.log_severity_level = 3
+        # Failures reach the caller as exceptions; ONNX Runtime's own log would repeat them.
+        session_options.log_severity_level = 4
         session_options.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -150,6 +158,9 @@ class OnnxSession(Session):
     def _run(self, feeds: dict[str, Array]) -> dict[str, Array]:
         try:
             results = self._session.run(self._output_names, feeds)
+        except self._invalid_argument as exc:
+            # e.g. an index input out of range: the caller's values, not the model, are at fault
+            raise InputError(f"the model refused the input: {_status_message(exc)}") from exc
         except self._errors as exc:
             raise InferenceError(f"ONNX Runtime failed: {exc}") from exc
         return dict(zip(self._output_names, results, strict=True))

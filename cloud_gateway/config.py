@@ -1,0 +1,217 @@
+"""The gateway's one configuration object, loaded and validated in one place.
+
+A TOML file (every field optional; command-line flags override it)::
+
+    host = "127.0.0.1"
+    http_port = 8000
+    grpc_port = 8001
+    repository = "models"            # relative paths are relative to this file
+    state_dir = "gateway-state"      # devices.json (hashed tokens) and later OTA state
+    poll_interval_s = 2.0            # how often the repository is checked for changes
+    max_body_bytes = 67108864        # larger requests: 413 / RESOURCE_EXHAUSTED
+    workers = 2                      # inference threads
+    threads = 2                      # ONNX Runtime intra-op threads per inference (default: cores)
+    spinning = false                 # let ONNX Runtime's idle threads spin
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    precisions = ["fp32", "int8", "fp16"]
+
+    [tls]                            # both front ends; off when absent
+    cert = "server.pem"
+    key = "server.key"
+    client_ca = "ca.pem"             # gRPC: verify client certificates against this CA
+    require_client_cert = false
+
+    [rate_limit]                     # per device; 0 = unlimited
+    requests_per_second = 0
+    burst = 0
+
+    [batching]                       # defaults for every model with a dynamic batch dimension
+    enabled = true
+    max_batch_size = 32
+    max_queue_delay_us = 500
+    preferred_batch_sizes = []
+
+    [models.digits-heavy.batching]   # per model
+    max_batch_size = 64
+
+    [metrics]
+    public = true                    # /metrics without a token
+
+A wrong field fails at start with the file, the field and what was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from edge_agent.errors import ConfigError
+from edge_agent.fields import Fields, load_document
+from edge_agent.package import FORMATS, PRECISIONS
+from edge_agent.runtime import RuntimeOptions
+
+__all__ = ["BatchingConfig", "GatewayConfig", "RateLimitConfig", "TLSConfig", "load_config"]
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    enabled: bool = True
+    max_batch_size: int = 32
+    max_queue_delay_us: int = 500
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    requests_per_second: float = 0.0
+    burst: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.requests_per_second > 0
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+    require_client_cert: bool = False
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    repository: Path
+    state_dir: Path = Path("gateway-state")
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    poll_interval_s: float = 2.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    workers: int = 2
+    # Spinning threads would take CPU from the front ends on the same cores.
+    runtime: RuntimeOptions = field(
+        default_factory=lambda: RuntimeOptions(threads=None, warmup=3, allow_spinning=False)
+    )
+    precisions: tuple[str, ...] = ("fp32", "int8", "fp16")
+    formats: tuple[str, ...] = ("onnx", "tflite")
+    tls: TLSConfig | None = None
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    model_batching: dict[str, BatchingConfig] = field(default_factory=dict)
+    metrics_public: bool = True
+    source: Path | None = None
+
+    @property
+    def devices_file(self) -> Path:
+        return self.state_dir / "devices.json"
+
+    def batching_for(self, model: str) -> BatchingConfig:
+        return self.model_batching.get(model, self.batching)
+
+    def with_overrides(self, **overrides: Any) -> GatewayConfig:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _batching(fields: Fields, base: BatchingConfig) -> BatchingConfig:
+    config = BatchingConfig(
+        enabled=fields.boolean("enabled", base.enabled),
+        max_batch_size=fields.integer("max_batch_size", base.max_batch_size, minimum=1),
+        max_queue_delay_us=fields.integer("max_queue_delay_us", base.max_queue_delay_us, minimum=0),
+        preferred_batch_sizes=tuple(
+            fields.int_list("preferred_batch_sizes", list(base.preferred_batch_sizes))
+        ),
+    )
+    for size in config.preferred_batch_sizes:
+        if not 1 <= size <= config.max_batch_size:
+            raise fields.fail(
+                "preferred_batch_sizes",
+                f"expected sizes from 1 to max_batch_size ({config.max_batch_size}), got {size}",
+            )
+    fields.done()
+    return config
+
+
+def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
+    """The configuration in ``path`` (or the defaults when ``None``).
+
+    ``defaults`` are command-line values: those that are not ``None`` override
+    the file.
+
+    Raises:
+        ConfigError: the file is missing or malformed, or a field is wrong.
+    """
+    if path is None:
+        if "repository" not in defaults or defaults["repository"] is None:
+            raise ConfigError("no model repository given (--repository DIR or a config file)")
+        return GatewayConfig(**{k: v for k, v in defaults.items() if v is not None})
+    fields = Fields(load_document(path), path=path)
+    base = path.parent
+
+    def resolve(value: str) -> Path:
+        candidate = Path(value)
+        return candidate if candidate.is_absolute() else base / candidate
+
+    default = GatewayConfig(repository=Path("."))
+    repository = fields.string("repository", None)
+    if repository is None and defaults.get("repository") is None:
+        raise fields.fail("repository", "missing (required, or give --repository)")
+    runtime = default.runtime
+    threads = fields.integer("threads", runtime.threads, minimum=1)
+    spinning = fields.boolean("spinning", runtime.allow_spinning)
+    providers = tuple(fields.str_list("providers", list(runtime.providers)))
+    tls_fields = fields.table("tls", None)
+    tls = None
+    if fields.has("tls"):
+        client_ca = tls_fields.string("client_ca", None)
+        tls = TLSConfig(
+            cert=resolve(tls_fields.string("cert")),
+            key=resolve(tls_fields.string("key")),
+            client_ca=resolve(client_ca) if client_ca else None,
+            require_client_cert=tls_fields.boolean("require_client_cert", False),
+        )
+        if tls.require_client_cert and tls.client_ca is None:
+            raise tls_fields.fail("client_ca", "required when require_client_cert is true")
+        tls_fields.done()
+    rate = fields.table("rate_limit", None)
+    rate_limit = RateLimitConfig(
+        requests_per_second=rate.number("requests_per_second", 0.0, minimum=0.0),
+        burst=rate.integer("burst", 0, minimum=0),
+    )
+    rate.done()
+    batching = _batching(fields.table("batching", None), default.batching)
+    model_batching = {}
+    models = fields.table("models", None)
+    for name in models.names():
+        model = models.table(name)
+        model_batching[name] = _batching(model.table("batching", None), batching)
+        model.done()
+    models.done()
+    metrics = fields.table("metrics", None)
+    metrics_public = metrics.boolean("public", True)
+    metrics.done()
+    config = GatewayConfig(
+        repository=resolve(repository) if repository else defaults["repository"],
+        state_dir=resolve(fields.string("state_dir", str(default.state_dir))),
+        host=fields.string("host", default.host),
+        http_port=fields.integer("http_port", default.http_port, minimum=0),
+        grpc_port=fields.integer("grpc_port", default.grpc_port, minimum=0),
+        poll_interval_s=fields.number("poll_interval_s", default.poll_interval_s, minimum=0.0),
+        max_body_bytes=fields.integer("max_body_bytes", default.max_body_bytes, minimum=1024),
+        workers=fields.integer("workers", default.workers, minimum=1),
+        runtime=replace(runtime, threads=threads, providers=providers, allow_spinning=spinning),
+        precisions=tuple(
+            fields.str_list("precisions", list(default.precisions), choices=PRECISIONS)
+        ),
+        formats=tuple(fields.str_list("formats", list(default.formats), choices=FORMATS)),
+        tls=tls,
+        rate_limit=rate_limit,
+        batching=batching,
+        model_batching=model_batching,
+        metrics_public=metrics_public,
+        source=path,
+    )
+    fields.done()
+    return config.with_overrides(**defaults)

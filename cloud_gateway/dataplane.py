@@ -1,0 +1,277 @@
+"""The protocol-neutral data plane behind both front ends (REST and gRPC).
+
+A front end parses its wire format into an :class:`InferRequest`,
+authenticates the caller and calls :meth:`DataPlane.infer`; the data plane
+checks the request against the model (names, datatypes, shapes), queues it in
+the model's batcher (or runs it directly when batching is off for the model),
+keeps its deadline, and returns an :class:`InferResponse`. Every error is one
+of :mod:`cloud_gateway.errors` (or the agent's tree), which the front ends map
+to statuses through one table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from cloud_gateway.auth import Device, DeviceRegistry, RateLimiter
+from cloud_gateway.batching import DynamicBatcher
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.errors import BadRequest, DeadlineExceeded, PermissionDenied, status_of
+from cloud_gateway.metrics import GatewayMetrics
+from cloud_gateway.repository import LoadedModel, ServingRepository
+from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_agent.tensors import format_shape
+
+__all__ = ["SERVER_NAME", "DataPlane"]
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "edge-inference-gateway"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy"]
+
+Array = np.ndarray[Any, Any]
+
+
+class DataPlane:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        repository: ServingRepository,
+        registry: DeviceRegistry,
+        metrics: GatewayMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.repository = repository
+        self.registry = registry
+        self.metrics = metrics
+        self.limiter = RateLimiter(
+            config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
+        )
+        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="inference")
+        self._clock = clock
+        self._batchers: dict[int, DynamicBatcher] = {}  # id(LoadedModel) -> its batcher
+        self._ready = False
+        self._stopping = False
+
+    # -- lifecycle (on the event loop) ----------------------------------------------
+
+    async def refresh(self, only: str | None = None) -> None:
+        """Scan the repository (in a thread) and start or stop what serves the changes."""
+        loop = asyncio.get_running_loop()
+        added, removed = await loop.run_in_executor(None, self.repository.scan, only)
+        await self._apply(added, removed)
+        self._ready = True
+
+    async def _apply(self, added: list[LoadedModel], removed: list[LoadedModel]) -> None:
+        for model in added:
+            self._start(model)
+        for model in removed:
+            await self._stop(model)
+
+    def _start(self, model: LoadedModel) -> None:
+        package = model.package
+        self.metrics.models_loaded.labels(package.name, str(package.version), model.variant).set(1)
+        config = self.config.batching_for(package.name)
+        if not (config.enabled and model.batchable):
+            return
+        name = package.qualified_name
+
+        def on_batch(rows: int, waits: list[float], compute: float) -> None:
+            self.metrics.batch_size.labels(package.name).observe(rows)
+            self.metrics.compute_seconds.labels(package.name).observe(compute)
+            queue = self.metrics.queue_seconds.labels(package.name)
+            for wait in waits:
+                queue.observe(wait)
+
+        self._batchers[id(model)] = DynamicBatcher(
+            model.run, config, self.executor, name=name, on_batch=on_batch, clock=self._clock
+        )
+
+    async def _stop(self, model: LoadedModel) -> None:
+        package = model.package
+        self.metrics.models_loaded.remove(package.name, str(package.version), model.variant)
+        batcher = self._batchers.pop(id(model), None)
+        if batcher is not None:
+            await batcher.close()
+        model.close()
+
+    async def load(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        added, removed = await loop.run_in_executor(None, self.repository.load, name)
+        await self._apply(added, removed)
+
+    async def unload(self, name: str) -> None:
+        for model in self.repository.unload(name):
+            await self._stop(model)
+
+    async def close(self) -> None:
+        self._stopping = True
+        for model in list(self.repository.loaded()):
+            batcher = self._batchers.pop(id(model), None)
+            if batcher is not None:
+                await batcher.close()
+        self.executor.shutdown(wait=True)
+
+    # -- health and metadata ----------------------------------------------------------
+
+    def live(self) -> bool:
+        return not self._stopping
+
+    def ready(self) -> bool:
+        return self._ready and not self._stopping
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        model = self.repository.get(name, version)
+        return {
+            "name": name,
+            "versions": [str(v) for v in self.repository.versions(name)],
+            "platform": model.platform,
+            "inputs": [spec.to_dict() for spec in model.inputs],
+            "outputs": [spec.to_dict() for spec in model.outputs],
+        }
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self.repository.get(name, version)
+        return not self._stopping
+
+    # -- requests ------------------------------------------------------------------------
+
+    def authenticate(self, token: str | None, *, admin: bool = False) -> Device:
+        """The calling device, within its rate limit.
+
+        Raises:
+            Unauthenticated, PermissionDenied, RateLimited
+        """
+        device = self.registry.authenticate(token)
+        if admin and device.role != "admin":
+            raise PermissionDenied(f"device {device.id!r} may not manage the repository")
+        self.limiter.check(device.id)
+        return device
+
+    def _feed(self, model: LoadedModel, request: InferRequest) -> dict[str, Array]:
+        expected = {spec.name: spec for spec in model.inputs}
+        takes = ", ".join(repr(n) for n in expected)
+        for name in expected:
+            if name not in request.inputs:
+                raise BadRequest(
+                    f"missing input {name!r} for model {model.package.name!r} (it takes {takes})"
+                )
+        feed: dict[str, Array] = {}
+        for name, array in request.inputs.items():
+            spec = expected.get(name)
+            if spec is None:
+                raise BadRequest(
+                    f"unknown input {name!r} for model {model.package.name!r} (it takes {takes})"
+                )
+            datatype = request.datatypes[name]
+            if datatype != spec.datatype:
+                raise BadRequest(f"input {name!r}: datatype {datatype}, expected {spec.datatype}")
+            if not spec.accepts_shape(array.shape):
+                raise BadRequest(
+                    f"input {name!r}: shape {format_shape(array.shape)}, expected "
+                    f"{format_shape(spec.shape)}"
+                )
+            feed[name] = array
+        if model.batchable and len({a.shape[0] for a in feed.values()}) > 1:
+            raise BadRequest("all inputs must have the same batch size")
+        return feed
+
+    def _deadline(self, request: InferRequest, deadline: float | None) -> float | None:
+        timeout_us = request.timeout_us
+        if timeout_us:
+            own = self._clock() + timeout_us / 1e6
+            deadline = own if deadline is None else min(deadline, own)
+        return deadline
+
+    async def infer(
+        self,
+        request: InferRequest,
+        *,
+        device: Device | None,
+        protocol: str,
+        deadline: float | None = None,
+    ) -> InferResponse:
+        """Run one request.
+
+        ``deadline`` is on this data plane's clock (the front end's own
+        deadline, e.g. gRPC's); the request's ``timeout`` parameter can only
+        shorten it.
+
+        Raises:
+            GatewayError or EdgeError: mapped to a status by the front end.
+        """
+        started = self._clock()
+        model_label = request.model_name
+        try:
+            model = self.repository.get(request.model_name, request.model_version)
+            model_label = model.package.name
+            feed = self._feed(model, request)
+            wanted = None
+            if request.outputs is not None:
+                known = {spec.name for spec in model.outputs}
+                wanted = [o.name for o in request.outputs]
+                for name in wanted:
+                    if name not in known:
+                        raise BadRequest(f"unknown output {name!r} for model {model_label!r}")
+            deadline = self._deadline(request, deadline)
+            if deadline is not None and deadline <= started:
+                raise DeadlineExceeded("the request's deadline had passed when it arrived")
+            if device is not None:
+                self.metrics.device_requests.labels(device.id, device.group).inc()
+            outputs = await self._run(model, feed, deadline)
+            if wanted is not None:
+                outputs = {name: outputs[name] for name in wanted}
+            response = InferResponse(
+                model_name=model.package.name,
+                model_version=str(model.package.version),
+                outputs=outputs,
+                id=request.id,
+            )
+        except Exception as exc:
+            status = status_of(exc)
+            self.metrics.requests.labels(model_label, protocol, status.kind).inc()
+            self.metrics.failures.labels(model_label, protocol, status.kind).inc()
+            if status.http >= 500:
+                log.error("request for %s failed: %s", model_label, exc)
+            raise
+        self.metrics.requests.labels(model_label, protocol, "ok").inc()
+        self.metrics.request_seconds.labels(model_label, protocol).observe(self._clock() - started)
+        return response
+
+    async def _run(
+        self, model: LoadedModel, feed: dict[str, Array], deadline: float | None
+    ) -> dict[str, Array]:
+        batcher = self._batchers.get(id(model))
+        if batcher is not None:
+            return await batcher.submit(feed, deadline)
+        loop = asyncio.get_running_loop()
+        started = self._clock()
+        future = loop.run_in_executor(self.executor, model.run, feed)
+        try:
+            if deadline is None:
+                outputs = await future
+            else:
+                outputs = await asyncio.wait_for(future, max(deadline - started, 0.0))
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(
+                f"the request's deadline passed while model {model.package.name} ran"
+            ) from None
+        name = model.package.name
+        self.metrics.compute_seconds.labels(name).observe(self._clock() - started)
+        self.metrics.batch_size.labels(name).observe(
+            next(iter(feed.values())).shape[0] if feed else 1
+        )
+        return outputs

@@ -1,0 +1,1 @@
+"""grpc front end."""

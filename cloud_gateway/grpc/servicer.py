@@ -1,0 +1,196 @@
+"""The gRPC front end: ``inference.GRPCInferenceService`` on ``grpc.aio``.
+
+A thin translation between protobuf and the data plane. The caller's token
+comes in the ``authorization`` metadata (``Bearer <token>``); errors become
+gRPC statuses from the one table in :mod:`cloud_gateway.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from cloud_gateway.auth import Device, parse_bearer
+from cloud_gateway.dataplane import DataPlane
+from cloud_gateway.errors import status_of
+from edge_agent.protocol.grpc import request_from_proto, response_to_proto
+
+__all__ = ["InferenceServicer", "add_to_server"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def _guard(self, context: Any, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except Exception as exc:
+            status = status_of(exc)
+            if status.kind == "internal":
+                log.error("gRPC call failed: %s", exc)
+            await context.abort(grpc.StatusCode[status.grpc], status.message)
+            raise  # abort raises; this is never reached
+
+    def _device(self, context: Any, *, admin: bool = False) -> Device:
+        token = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                token = parse_bearer(value)
+        return self.plane.authenticate(token, admin=admin)
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.plane.ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._device(context)
+            return pb.ModelReadyResponse(
+                ready=self.plane.model_ready(request.name, request.version)
+            )
+
+        return await self._guard(context, call)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._device(context)
+            return pb.ServerMetadataResponse(**self.plane.server_metadata())
+
+        return await self._guard(context, call)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._device(context)
+            meta = self.plane.model_metadata(request.name, request.version)
+            return pb.ModelMetadataResponse(
+                name=meta["name"],
+                versions=meta["versions"],
+                platform=meta["platform"],
+                inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+                outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+            )
+
+        return await self._guard(context, call)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            device = self._device(context)
+            infer_request = request_from_proto(request)
+            remaining = context.time_remaining()
+            deadline = None if remaining is None else self.plane._clock() + remaining
+            response = await self.plane.infer(
+                infer_request, device=device, protocol="grpc", deadline=deadline
+            )
+            return response_to_proto(response)
+
+        return await self._guard(context, call)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._device(context, admin=True)
+            return pb.RepositoryIndexResponse(
+                models=[
+                    pb.RepositoryIndexResponse.ModelIndex(
+                        name=m["name"],
+                        version=m["version"],
+                        state=m["state"],
+                        reason=m.get("reason", ""),
+                    )
+                    for m in self.plane.repository.index()
+                ]
+            )
+
+        return await self._guard(context, call)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._device(context, admin=True)
+            await self.plane.load(request.model_name)
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._guard(context, call)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._device(context, admin=True)
+            await self.plane.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._guard(context, call)
+
+
+class _Malformed:
+    """What a request that could not be parsed becomes (answered INVALID_ARGUMENT)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _parser(message_class: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except (DecodeError, ValueError) as exc:
+            return _Malformed(exc)
+
+    return parse
+
+
+def _checked(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def handler(request: Any, context: Any) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"malformed protobuf request: {request.error}"
+            )
+        return await method(request, context)
+
+    return handler
+
+
+IMPLEMENTED = (
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelInfer",
+    "RepositoryIndex",
+    "RepositoryModelLoad",
+    "RepositoryModelUnload",
+)
+
+
+def add_to_server(servicer: InferenceServicer, server: Any) -> None:
+    """Register the service's methods on ``server``.
+
+    Like the generated ``add_GRPCInferenceServiceServicer_to_server``, except
+    that a request that is not valid protobuf is answered INVALID_ARGUMENT
+    (gRPC's default is INTERNAL). Methods not implemented here (streaming,
+    shared memory, tracing) are answered UNIMPLEMENTED by gRPC itself.
+    """
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        if method.name not in IMPLEMENTED:
+            continue
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            _checked(getattr(servicer, method.name)),
+            request_deserializer=_parser(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )

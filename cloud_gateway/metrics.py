@@ -1,0 +1,77 @@
+"""Prometheus metrics of one gateway (its own registry: several gateways, or
+tests, can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Inference requests by model, protocol and outcome (ok or the error kind).",
+            ["model", "protocol", "status"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "gateway_request_failures",
+            "Failed inference requests by model, protocol and error kind.",
+            ["model", "protocol", "status"],
+            registry=r,
+        )
+        self.device_requests = Counter(
+            "gateway_device_requests",
+            "Inference requests by device and group.",
+            ["device", "group"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "gateway_request_seconds",
+            "Time from a request's arrival at the data plane to its response.",
+            ["model", "protocol"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "gateway_queue_seconds",
+            "Time a request waited in its model's batching queue.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_seconds = Histogram(
+            "gateway_compute_seconds",
+            "Time the runtime took for one run (one batch when batching).",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "gateway_batch_size",
+            "Rows per runtime run.",
+            ["model"],
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.models_loaded = Gauge(
+            "gateway_model_loaded",
+            "1 for each model version loaded and ready.",
+            ["model", "version", "variant"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))

@@ -1,0 +1,221 @@
+"""The REST front end: the Open Inference Protocol's HTTP endpoints on FastAPI.
+
+A thin translation: parse the body (JSON, or JSON plus binary tensors),
+authenticate, call the data plane, encode the response. Errors become
+``{"error": "<what was wrong>"}`` with the status from the one table in
+:mod:`cloud_gateway.errors`; nothing else (no traceback) reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cloud_gateway.auth import Device, parse_bearer
+from cloud_gateway.dataplane import DataPlane
+from cloud_gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable, status_of
+from cloud_gateway.metrics import CONTENT_TYPE
+from edge_agent.errors import EdgeError
+from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+_TENSOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string"},
+        "parameters": {"type": "object"},
+        "data": {"type": "array"},
+    },
+}
+_INFER_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "parameters": {"type": "object"},
+                        "inputs": {"type": "array", "items": _TENSOR_SCHEMA},
+                        "outputs": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "parameters": {"type": "object"},
+                                },
+                            },
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _error(exc: BaseException) -> JSONResponse:
+    status = status_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
+    return JSONResponse({"error": status.message}, status_code=status.http, headers=headers)
+
+
+def create_app(plane: DataPlane) -> FastAPI:
+    """The FastAPI application of one gateway."""
+    app = FastAPI(
+        title="edge-inference gateway",
+        version="0.1.0",
+        description="The Open Inference Protocol (KServe v2) with the binary tensor extension.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    max_body = plane.config.max_body_bytes
+
+    async def known_error(request: Request, exc: Exception) -> JSONResponse:
+        if status_of(exc).http >= 500:
+            log.error("%s %s failed: %s", request.method, request.url.path, exc)
+        return _error(exc)
+
+    app.add_exception_handler(GatewayError, known_error)
+    app.add_exception_handler(EdgeError, known_error)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        )
+        return JSONResponse({"error": f"invalid request: {details}"}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    def authenticate(request: Request, *, admin: bool = False) -> Device:
+        return plane.authenticate(parse_bearer(request.headers.get("authorization")), admin=admin)
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise BadRequest("Content-Length must be a non-negative integer")
+            if int(declared) > max_body:
+                raise PayloadTooLarge(
+                    f"request body of {declared} bytes exceeds the limit of {max_body} bytes"
+                )
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                raise PayloadTooLarge(f"request body exceeds the limit of {max_body} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # -- health (open) -------------------------------------------------------------------
+
+    @app.get("/v2/health/live", summary="Server liveness")
+    async def live() -> Response:
+        if not plane.live():
+            raise Unavailable("the gateway is stopping")
+        return Response(status_code=200)
+
+    @app.get("/v2/health/ready", summary="Server readiness")
+    async def ready() -> Response:
+        if not plane.ready():
+            raise Unavailable("the gateway is not ready")
+        return Response(status_code=200)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics(request: Request) -> Response:
+        if not plane.config.metrics_public:
+            authenticate(request)
+        return Response(plane.metrics.render(), media_type=CONTENT_TYPE)
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    @app.get("/v2", summary="Server metadata")
+    async def server_metadata(request: Request) -> JSONResponse:
+        authenticate(request)
+        return JSONResponse(plane.server_metadata())
+
+    @app.get("/v2/models/{name}", summary="Model metadata")
+    @app.get("/v2/models/{name}/versions/{version}", summary="Model metadata of a version")
+    async def model_metadata(request: Request, name: str, version: str = "") -> JSONResponse:
+        authenticate(request)
+        return JSONResponse(plane.model_metadata(name, version))
+
+    @app.get("/v2/models/{name}/ready", summary="Model readiness")
+    @app.get("/v2/models/{name}/versions/{version}/ready", summary="Model version readiness")
+    async def model_ready(request: Request, name: str, version: str = "") -> Response:
+        authenticate(request)
+        if not plane.model_ready(name, version):
+            raise Unavailable(f"model {name!r} is not ready")
+        return Response(status_code=200)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    @app.post("/v2/models/{name}/infer", summary="Inference", openapi_extra=_INFER_BODY)
+    @app.post(
+        "/v2/models/{name}/versions/{version}/infer",
+        summary="Inference on a version",
+        openapi_extra=_INFER_BODY,
+    )
+    async def infer(request: Request, name: str, version: str = "") -> Response:
+        device = authenticate(request)
+        body = await read_body(request)
+        header = request.headers.get(HEADER_LENGTH)
+        if header is not None and not header.isdigit():
+            raise BadRequest(f"{HEADER_LENGTH} must be a non-negative integer")
+        infer_request = decode_infer_request(body, int(header) if header is not None else None)
+        infer_request.model_name = name
+        infer_request.model_version = version
+        response = await plane.infer(infer_request, device=device, protocol="http")
+        content, header_length = encode_infer_response(response, infer_request)
+        if header_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(header_length)},
+        )
+
+    # -- repository (admin) ------------------------------------------------------------
+
+    @app.post("/v2/repository/index", summary="Repository index")
+    async def repository_index(request: Request) -> JSONResponse:
+        authenticate(request, admin=True)
+        return JSONResponse(plane.repository.index())
+
+    @app.post("/v2/repository/models/{name}/load", summary="Load a model")
+    async def repository_load(request: Request, name: str) -> Response:
+        authenticate(request, admin=True)
+        await plane.load(name)
+        return Response(status_code=200)
+
+    @app.post("/v2/repository/models/{name}/unload", summary="Unload a model")
+    async def repository_unload(request: Request, name: str) -> Response:
+        authenticate(request, admin=True)
+        await plane.unload(name)
+        return Response(status_code=200)
+
+    return app

@@ -1,0 +1,195 @@
+"""The gateway process: one event loop serving REST (uvicorn) and gRPC (grpc.aio).
+
+:class:`Gateway` builds the parts from one :class:`GatewayConfig` (the backend
+is injectable), loads the repository, starts both front ends and re-scans the
+repository every ``poll_interval_s``. :class:`GatewayThread` runs one in a
+background thread, for programs that embed it (the benchmark, the tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import ssl
+import threading
+from typing import Any
+
+import grpc
+import uvicorn
+
+from cloud_gateway.auth import DeviceRegistry
+from cloud_gateway.config import GatewayConfig
+from cloud_gateway.dataplane import DataPlane
+from cloud_gateway.grpc.servicer import InferenceServicer, add_to_server
+from cloud_gateway.metrics import GatewayMetrics
+from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
+from cloud_gateway.rest.app import create_app
+
+__all__ = ["Gateway", "GatewayThread"]
+
+log = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say
+    # they are TCP, and without it every response waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, *, backend: Backend | None = None) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.registry = DeviceRegistry(config.devices_file)
+        backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
+        self.repository = ServingRepository(config.repository, backend)
+        self.plane = DataPlane(config, self.repository, self.registry, self.metrics)
+        self.app = create_app(self.plane)
+        self.http_port = config.http_port
+        self.grpc_port = config.grpc_port
+        self._http: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        await self.plane.refresh()
+        loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
+        log.info("models loaded: %s", ", ".join(loaded) or "none")
+
+        options = [
+            ("grpc.max_receive_message_length", config.max_body_bytes),
+            ("grpc.max_send_message_length", config.max_body_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._grpc = grpc.aio.server(options=options)
+        add_to_server(InferenceServicer(self.plane), self._grpc)
+        address = f"{config.host}:{config.grpc_port}"
+        if config.tls is not None:
+            tls = config.tls
+            credentials = grpc.ssl_server_credentials(
+                [(tls.key.read_bytes(), tls.cert.read_bytes())],
+                root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
+                require_client_auth=tls.require_client_cert,
+            )
+            self.grpc_port = self._grpc.add_secure_port(address, credentials)
+        else:
+            self.grpc_port = self._grpc.add_insecure_port(address)
+        await self._grpc.start()
+
+        sock = _bind(config.host, config.http_port)
+        self.http_port = sock.getsockname()[1]
+        tls_kwargs: dict[str, Any] = {}
+        if config.tls is not None:
+            tls_kwargs = {
+                "ssl_certfile": str(config.tls.cert),
+                "ssl_keyfile": str(config.tls.key),
+            }
+            if config.tls.client_ca is not None:
+                tls_kwargs["ssl_ca_certs"] = str(config.tls.client_ca)
+                if config.tls.require_client_cert:
+                    tls_kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+        self._http = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=5,
+                **tls_kwargs,
+            )
+        )
+        self._http_task = asyncio.get_running_loop().create_task(self._http.serve(sockets=[sock]))
+        while not self._http.started:
+            if self._http_task.done():
+                await self._http_task  # raises the start-up error
+                raise RuntimeError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+        scheme = "https" if config.tls else "http"
+        log.info(
+            "listening on %s://%s:%d (REST) and %s:%d (gRPC%s)",
+            scheme,
+            config.host,
+            self.http_port,
+            config.host,
+            self.grpc_port,
+            ", TLS" if config.tls else "",
+        )
+        if config.poll_interval_s > 0:
+            self._poll_task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_interval_s)
+            try:
+                await self.plane.refresh()
+            except Exception:
+                log.exception("repository scan failed")
+
+    async def stop(self) -> None:
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll_task
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            await self._http_task
+        if self._grpc is not None:
+            await self._grpc.stop(grace=5)
+        await self.plane.close()
+
+    async def serve_forever(self) -> None:
+        """Serve until SIGINT or SIGTERM, then stop gracefully."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        log.info("stopping")
+        await self.stop()
+
+
+class GatewayThread:
+    """A gateway on its own event loop in a background thread."""
+
+    def __init__(self, config: GatewayConfig, *, backend: Backend | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gateway", daemon=True)
+        self._thread.start()
+        self.gateway: Gateway = self.call(self._build(config, backend))
+
+    async def _build(self, config: GatewayConfig, backend: Backend | None) -> Gateway:
+        gateway = Gateway(config, backend=backend)
+        await gateway.start()
+        return gateway
+
+    def call(self, coroutine: Any) -> Any:
+        """Run a coroutine on the gateway's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.gateway.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.gateway.grpc_port}"
+
+    def stop(self) -> None:
+        try:
+            self.call(self.gateway.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()

@@ -1,0 +1,314 @@
+"""The Open Inference Protocol over HTTP/REST: JSON and the binary tensor extension.
+
+A body is a JSON header, optionally followed by raw tensor bytes; the
+``Inference-Header-Content-Length`` header says where the JSON ends. An input
+with ``"parameters": {"binary_data_size": N}`` takes its data from the next N
+bytes after the header; an output is returned the same way when the request
+asks (per output ``"binary_data": true``, or ``"binary_data_output": true``
+for all), which is what stock ``tritonclient.http`` does by default.
+
+Both directions are here: the server side (decode requests, encode
+responses) and the client side (encode requests, decode responses).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from edge_agent.errors import ProtocolError
+from edge_agent.protocol.types import (
+    Array,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    array_from_bytes,
+    array_to_bytes,
+    check_datatype,
+    check_shape,
+    element_count,
+)
+from edge_agent.tensors import datatype_of, numpy_dtype
+
+__all__ = [
+    "HEADER_LENGTH",
+    "decode_infer_request",
+    "decode_infer_response",
+    "encode_infer_request",
+    "encode_infer_response",
+]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise ProtocolError(
+                f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes"
+            )
+        header, rest = body[:header_length], memoryview(body)[header_length:]
+    else:
+        header, rest = body, memoryview(b"")
+    try:
+        document = json.loads(header)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ProtocolError("the request body must be a JSON object")
+    return document, rest
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{where}: 'parameters' must be an object")
+    return value
+
+
+def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> Array:
+    count = element_count(shape)
+    if datatype == "BYTES":
+        flat = np.asarray(data, dtype=object).ravel()
+        items = [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
+        if not all(isinstance(v, bytes) for v in items):
+            raise ProtocolError(f"{where}: BYTES data must be strings")
+        array = np.empty(len(items), dtype=object)
+        array[:] = items
+    else:
+        dtype = numpy_dtype(datatype)
+        try:
+            raw = np.asarray(data)
+        except ValueError:
+            raise ProtocolError(f"{where}: 'data' is not a regular array") from None
+        if raw.size == 0:
+            raw = raw.astype(dtype)
+        if raw.dtype.kind not in "biuf" or (raw.dtype.kind == "f" and dtype.kind in "biu"):
+            raise ProtocolError(
+                f"{where}: 'data' holds {_kind(raw)} values, which datatype {datatype} cannot take"
+            )
+        if raw.dtype.kind in "iu" and dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if raw.size and (raw.min() < info.min or raw.max() > info.max):
+                raise ProtocolError(f"{where}: a value is out of range for {datatype}")
+        array = raw.astype(dtype).ravel()
+    if array.size != count:
+        raise ProtocolError(
+            f"{where}: 'data' has {array.size} elements but shape {shape} needs {count}"
+        )
+    return array.reshape(shape)
+
+
+def _kind(array: Array) -> str:
+    return {"f": "floating-point", "U": "string", "O": "mixed", "b": "boolean"}.get(
+        array.dtype.kind, str(array.dtype)
+    )
+
+
+def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Parse an infer request body (server side).
+
+    Raises:
+        ProtocolError: the body is malformed; the message says where and how.
+    """
+    document, binary = _split(body, header_length)
+    raw_inputs = document.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("'inputs' must be a non-empty list")
+    inputs: dict[str, Array] = {}
+    datatypes: dict[str, str] = {}
+    offset = 0
+    for index, item in enumerate(raw_inputs):
+        where = f"inputs[{index}]"
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{where} must be an object")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ProtocolError(f"{where}: 'name' must be a non-empty string")
+        where = f"input {name!r}"
+        if name in inputs:
+            raise ProtocolError(f"{where} is given twice")
+        datatype = check_datatype(item.get("datatype"), where)
+        shape = check_shape(item.get("shape"), where)
+        parameters = _parameters(item.get("parameters"), where)
+        size = parameters.get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
+            if offset + size > len(binary):
+                raise ProtocolError(
+                    f"{where}: binary_data_size {size} goes past the end of the body "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, where)
+            offset += size
+        elif "data" in item:
+            inputs[name] = _json_data(item["data"], datatype, shape, where)
+        else:
+            raise ProtocolError(f"{where} has neither 'data' nor 'binary_data_size'")
+        datatypes[name] = datatype
+    if offset != len(binary):
+        raise ProtocolError(
+            f"the body has {len(binary) - offset} bytes of binary data that no input claims"
+        )
+    outputs = _requested_outputs(document.get("outputs"))
+    parameters = _parameters(document.get("parameters"), "request")
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise ProtocolError("'id' must be a string")
+    binary_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise ProtocolError("parameter 'binary_data_output' must be true or false")
+    request = InferRequest(
+        inputs=inputs,
+        datatypes=datatypes,
+        id=request_id,
+        outputs=outputs,
+        parameters=parameters,
+        binary_output=binary_output,
+    )
+    _ = request.timeout_us  # validated here, used by the data plane
+    return request
+
+
+def _requested_outputs(value: Any) -> list[RequestedOutput] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ProtocolError("'outputs' must be a list")
+    outputs = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
+        parameters = _parameters(item.get("parameters"), f"output {item['name']!r}")
+        if "classification" in parameters:
+            raise ProtocolError(
+                f"output {item['name']!r}: the classification extension is not supported"
+            )
+        binary = parameters.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise ProtocolError(f"output {item['name']!r}: 'binary_data' must be true or false")
+        outputs.append(RequestedOutput(item["name"], binary))
+    return outputs
+
+
+def _json_values(array: Array, datatype: str) -> list[Any]:
+    if datatype == "BYTES":
+        return [
+            v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+            for v in array.ravel()
+        ]
+    flat: list[Any] = array.ravel().tolist()
+    return flat
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest
+) -> tuple[bytes, int | None]:
+    """The response body and the JSON header's length (``None``: the body is plain JSON)."""
+    binary_names: set[str] = set()
+    if request.outputs is None:
+        if request.binary_output:
+            binary_names = set(response.outputs)
+    else:
+        binary_names = {
+            o.name
+            for o in request.outputs
+            if (o.binary_data if o.binary_data is not None else request.binary_output)
+        }
+    entries = []
+    blobs = []
+    for name, array in response.outputs.items():
+        datatype = datatype_of(array.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if name in binary_names:
+            blob = array_to_bytes(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_values(array, datatype)
+        entries.append(entry)
+    document: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": entries,
+    }
+    if response.id:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    header = json.dumps(document, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+def encode_infer_request(request: InferRequest, *, binary: bool = True) -> tuple[bytes, int | None]:
+    """An infer request body (client side); tensors as binary data unless ``binary`` is off."""
+    entries = []
+    blobs = []
+    for name, array in request.inputs.items():
+        datatype = request.datatypes.get(name) or datatype_of(array.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            blob = array_to_bytes(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_values(array, datatype)
+        entries.append(entry)
+    document: dict[str, Any] = {"inputs": entries}
+    if request.id:
+        document["id"] = request.id
+    parameters = dict(request.parameters)
+    if request.outputs is not None:
+        document["outputs"] = [
+            {"name": o.name, "parameters": {"binary_data": bool(o.binary_data)}}
+            for o in request.outputs
+        ]
+    elif binary:
+        parameters["binary_data_output"] = True
+    if parameters:
+        document["parameters"] = parameters
+    header = json.dumps(document, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+def decode_infer_response(body: bytes, header_length: int | None = None) -> InferResponse:
+    """Parse an infer response body (client side).
+
+    Raises:
+        ProtocolError: the body is malformed.
+    """
+    document, binary = _split(body, header_length)
+    raw_outputs = document.get("outputs")
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError("the response has no 'outputs' list")
+    outputs: dict[str, Array] = {}
+    offset = 0
+    for index, item in enumerate(raw_outputs):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
+        where = f"output {item['name']!r}"
+        datatype = check_datatype(item.get("datatype"), where)
+        shape = check_shape(item.get("shape"), where)
+        size = _parameters(item.get("parameters"), where).get("binary_data_size")
+        if size is not None:
+            outputs[item["name"]] = array_from_bytes(
+                binary[offset : offset + size], datatype, shape, where
+            )
+            offset += size
+        else:
+            outputs[item["name"]] = _json_data(item.get("data"), datatype, shape, where)
+    return InferResponse(
+        model_name=str(document.get("model_name", "")),
+        model_version=str(document.get("model_version", "")),
+        outputs=outputs,
+        id=str(document.get("id", "")),
+        parameters=_parameters(document.get("parameters"), "response"),
+    )

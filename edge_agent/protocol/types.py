@@ -1,0 +1,152 @@
+"""Protocol-neutral inference requests and responses (Open Inference Protocol).
+
+Both front ends of the gateway, the agent's local API and the offload
+transports translate their wire format to and from these, so the data plane
+never sees JSON or protobuf. Tensors are NumPy arrays of the declared
+datatype (``BYTES`` tensors are object arrays of ``bytes``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_agent.errors import ProtocolError
+from edge_agent.tensors import DATATYPES, numpy_dtype
+
+__all__ = [
+    "InferRequest",
+    "InferResponse",
+    "RequestedOutput",
+    "array_from_bytes",
+    "array_to_bytes",
+    "check_datatype",
+    "check_shape",
+    "element_count",
+]
+
+Array = np.ndarray[Any, Any]
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary_data: bool | None = None  # REST: None = as the request's binary_data_output says
+
+
+@dataclass
+class InferRequest:
+    """One inference request.
+
+    ``inputs`` maps names to arrays of the datatypes in ``datatypes``.
+    ``outputs`` is ``None`` for "all outputs". ``model_version`` is ``""`` for
+    the newest. ``timeout_us`` is the protocol's ``timeout`` parameter.
+    """
+
+    inputs: dict[str, Array]
+    datatypes: dict[str, str]
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_output: bool = False
+
+    @property
+    def timeout_us(self) -> int | None:
+        value = self.parameters.get("timeout")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProtocolError(
+                f"parameter 'timeout' must be a non-negative integer (microseconds), got {value!r}"
+            )
+        return value
+
+
+@dataclass
+class InferResponse:
+    model_name: str
+    model_version: str
+    outputs: dict[str, Array]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def check_datatype(datatype: Any, where: str) -> str:
+    """A known datatype name, or :class:`ProtocolError`."""
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise ProtocolError(
+            f"{where}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}"
+        )
+    return datatype
+
+
+def check_shape(shape: Any, where: str) -> list[int]:
+    """A shape given on the wire, validated: a list of non-negative integers."""
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ProtocolError(
+            f"{where}: shape must be a list of non-negative integers, got {shape!r}"
+        )
+    return list(shape)
+
+
+def element_count(shape: list[int]) -> int:
+    return math.prod(shape)
+
+
+def array_from_bytes(
+    data: bytes | memoryview, datatype: str, shape: list[int], where: str
+) -> Array:
+    """A tensor from its raw little-endian bytes (``BYTES``: 4-byte length prefixes).
+
+    Raises:
+        ProtocolError: the byte count does not match the shape and datatype.
+    """
+    count = element_count(shape)
+    if datatype == "BYTES":
+        items: list[bytes] = []
+        view = memoryview(data)
+        offset = 0
+        while offset < len(view):
+            if offset + 4 > len(view):
+                raise ProtocolError(f"{where}: truncated BYTES element length")
+            length = int.from_bytes(view[offset : offset + 4], "little")
+            offset += 4
+            if offset + length > len(view):
+                raise ProtocolError(f"{where}: BYTES element longer than the data")
+            items.append(bytes(view[offset : offset + length]))
+            offset += length
+        if len(items) != count:
+            raise ProtocolError(
+                f"{where}: {len(items)} BYTES elements for shape {shape} ({count} expected)"
+            )
+        array = np.empty(count, dtype=object)
+        array[:] = items
+        return array.reshape(shape)
+    dtype = numpy_dtype(datatype).newbyteorder("<")
+    expected = count * dtype.itemsize
+    if len(data) != expected:
+        raise ProtocolError(
+            f"{where}: {len(data)} bytes of data for shape {shape} and datatype {datatype} "
+            f"({expected} expected)"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def array_to_bytes(array: Array, datatype: str) -> bytes:
+    """A tensor's raw little-endian bytes (``BYTES``: 4-byte length prefixes)."""
+    if datatype == "BYTES":
+        parts = []
+        for item in array.ravel():
+            raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+            parts.append(len(raw).to_bytes(4, "little"))
+            parts.append(raw)
+        return b"".join(parts)
+    dtype = numpy_dtype(datatype).newbyteorder("<")
+    return np.ascontiguousarray(array, dtype=dtype).tobytes()

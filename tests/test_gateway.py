@@ -1,0 +1,583 @@
+"""The gateway end to end: real uvicorn and grpc.aio servers on loopback, stock tritonclient."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+from cloud_gateway.repository import EmbeddedBackend, LoadedModel
+from edge_agent.package import ModelPackage, ModelRepository
+from edge_agent.runtime import RuntimeOptions
+
+from .conftest import MODELS, GatewayHandle, start_gateway
+
+
+def heldout(n: int = 8) -> np.ndarray:
+    return ModelRepository(MODELS).get("digits-heavy").evaluation()[0][:n].astype(np.float32)
+
+
+def direct(model: str, x: np.ndarray) -> np.ndarray:
+    """The same model run straight on ONNX Runtime, no gateway involved."""
+    package = ModelRepository(MODELS).get(model)
+    session = ort.InferenceSession(str(package.path_of(package.variant("onnx-fp32"))))
+    return session.run(None, {"pixels": x})[0]
+
+
+def http_request(
+    url: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any] | bytes]:
+    request = urllib.request.Request(f"http://{url}{path}", data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            content = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        content = error.read()
+        status = error.code
+    try:
+        return status, json.loads(content)
+    except ValueError:
+        return status, content
+
+
+def http_infer(
+    handle: GatewayHandle, model: str, x: np.ndarray, *, binary: bool = True, **kwargs: Any
+) -> np.ndarray:
+    client = thttp.InferenceServerClient(handle.http_url)
+    tensor = thttp.InferInput("pixels", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    outputs = [thttp.InferRequestedOutput("probabilities", binary_data=binary)]
+    result = client.infer(model, [tensor], outputs=outputs, headers=handle.headers(), **kwargs)
+    return result.as_numpy("probabilities")
+
+
+def grpc_infer(handle: GatewayHandle, model: str, x: np.ndarray, **kwargs: Any) -> np.ndarray:
+    client = tgrpc.InferenceServerClient(handle.grpc_url)
+    tensor = tgrpc.InferInput("pixels", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer(model, [tensor], headers=handle.headers(), **kwargs).as_numpy(
+        "probabilities"
+    )
+
+
+# -- the protocol, with stock clients ---------------------------------------------------------
+
+
+def test_health_and_metadata_over_http(gateway: GatewayHandle) -> None:
+    client = thttp.InferenceServerClient(gateway.http_url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata(headers=gateway.headers())["name"] == "edge-inference-gateway"
+    meta = client.get_model_metadata("digits-heavy", headers=gateway.headers())
+    assert meta["inputs"] == [{"name": "pixels", "datatype": "FP32", "shape": [-1, 64]}]
+    assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime_onnx"
+    assert client.is_model_ready("digits-heavy", headers=gateway.headers())
+
+
+def test_health_and_metadata_over_grpc(gateway: GatewayHandle) -> None:
+    client = tgrpc.InferenceServerClient(gateway.grpc_url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata(headers=gateway.headers()).name == "edge-inference-gateway"
+    meta = client.get_model_metadata("digits-light", headers=gateway.headers())
+    assert meta.inputs[0].name == "pixels" and list(meta.inputs[0].shape) == [-1, 64]
+    assert client.is_model_ready("digits-light", headers=gateway.headers())
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_infer_matches_a_direct_run(gateway: GatewayHandle, binary: bool) -> None:
+    x = heldout()
+    assert np.allclose(
+        http_infer(gateway, "digits-heavy", x, binary=binary), direct("digits-heavy", x), atol=1e-6
+    )
+
+
+def test_grpc_infer_matches_a_direct_run(gateway: GatewayHandle) -> None:
+    x = heldout(5)
+    assert np.allclose(grpc_infer(gateway, "digits-light", x), direct("digits-light", x), atol=1e-6)
+
+
+def test_a_version_can_be_asked_for(gateway: GatewayHandle) -> None:
+    x = heldout(2)
+    assert np.allclose(
+        http_infer(gateway, "digits-heavy", x, model_version="1"),
+        direct("digits-heavy", x),
+        atol=1e-6,
+    )
+    with pytest.raises(InferenceServerException, match="has no version '7'"):
+        grpc_infer(gateway, "digits-heavy", x, model_version="7")
+
+
+def test_whole_image_model_is_served(gateway: GatewayHandle) -> None:
+    image = np.random.default_rng(0).uniform(-1, 1, (1, 3, 64, 96)).astype(np.float32)
+    client = tgrpc.InferenceServerClient(gateway.grpc_url)
+    tensor = tgrpc.InferInput("x", list(image.shape), "FP32")
+    tensor.set_data_from_numpy(image)
+    result = client.infer("ppocr-det", [tensor], headers=gateway.headers())
+    assert result.as_numpy("sigmoid_0.tmp_0").shape == (1, 1, 64, 96)
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+
+def test_missing_wrong_and_revoked_tokens(tmp_path: Path) -> None:
+    handle = start_gateway(tmp_path, small_repository(tmp_path), poll_interval_s=0.0)
+    try:
+        x = heldout(1)
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "pixels",
+                        "datatype": "FP32",
+                        "shape": [1, 64],
+                        "data": x.ravel().tolist(),
+                    }
+                ]
+            }
+        ).encode()
+        path = "/v2/models/digits-light/infer"
+        assert http_request(handle.http_url, path, body) == (
+            401,
+            {"error": "missing bearer token (Authorization: Bearer <token>)"},
+        )
+        assert http_request(
+            handle.http_url, path, body, {"authorization": "Bearer cam-01.forged"}
+        ) == (
+            401,
+            {"error": "invalid token"},
+        )
+        status, _ = http_request(handle.http_url, path, body, handle.headers())
+        assert status == 200
+        channel_client = tgrpc.InferenceServerClient(handle.grpc_url)
+        with pytest.raises(InferenceServerException) as info:
+            channel_client.get_model_metadata(
+                "digits-light", headers={"authorization": "Bearer nope.x"}
+            )
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        from cloud_gateway.auth import DeviceRegistry
+
+        DeviceRegistry(handle.state_dir / "devices.json").revoke("cam-01")
+        time.sleep(1.1)  # the gateway re-reads the registry at most once a second
+        assert http_request(handle.http_url, path, body, handle.headers()) == (
+            401,
+            {"error": "device 'cam-01' is revoked"},
+        )
+        with pytest.raises(InferenceServerException, match="revoked") as info:
+            grpc_infer(handle, "digits-light", x)
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        # health stays open
+        assert http_request(handle.http_url, "/v2/health/ready")[0] == 200
+        assert tgrpc.InferenceServerClient(handle.grpc_url).is_server_live()
+    finally:
+        handle.thread.stop()
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def post(
+    handle: GatewayHandle, path: str, document: Any, extra: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    body = document if isinstance(document, bytes) else json.dumps(document).encode()
+    return http_request(handle.http_url, path, body, {**handle.headers(), **(extra or {})})
+
+
+def pixels(**fields: Any) -> dict[str, Any]:
+    return {"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64, **fields}
+
+
+@pytest.mark.parametrize(
+    ("document", "status", "message"),
+    [
+        (b"{not json", 400, "the request body is not valid JSON"),
+        (
+            {"inputs": [pixels(datatype="FP64")]},
+            400,
+            "input 'pixels': datatype FP64, expected FP32",
+        ),
+        (
+            {"inputs": [pixels(shape=[1, 65])]},
+            400,
+            "'data' has 64 elements but shape [1, 65] needs 65",
+        ),
+        (
+            {"inputs": [pixels(shape=[2, 32])]},
+            400,
+            "input 'pixels': shape [2, 32], expected [?, 64]",
+        ),
+        (
+            {"inputs": [pixels(name="image")]},
+            400,
+            "missing input 'pixels' for model 'digits-light'",
+        ),
+        (
+            {"inputs": [pixels(), pixels(name="extra")]},
+            400,
+            "unknown input 'extra' for model 'digits-light'",
+        ),
+        ({"inputs": [pixels()], "outputs": [{"name": "logits"}]}, 400, "unknown output 'logits'"),
+        ({"inputs": [pixels(datatype="COMPLEX")]}, 400, "unknown datatype 'COMPLEX'"),
+        ({"inputs": "pixels"}, 400, "'inputs' must be a non-empty list"),
+    ],
+)
+def test_bad_http_requests(
+    gateway: GatewayHandle, document: Any, status: int, message: str
+) -> None:
+    got_status, body = post(gateway, "/v2/models/digits-light/infer", document)
+    assert got_status == status
+    assert set(body) == {"error"} and message in body["error"]
+
+
+def test_unknown_model_and_version_over_http(gateway: GatewayHandle) -> None:
+    status, body = post(gateway, "/v2/models/nope/infer", {"inputs": [pixels()]})
+    assert (status, body) == (404, {"error": "unknown model 'nope'"})
+    status, body = post(gateway, "/v2/models/digits-light/versions/9/infer", {"inputs": [pixels()]})
+    assert status == 404 and "has no version '9'" in body["error"]
+    status, body = http_request(gateway.http_url, "/v2/models/nope", headers=gateway.headers())
+    assert status == 404
+    status, body = http_request(gateway.http_url, "/v2/no/such/route", headers=gateway.headers())
+    assert status == 404 and "error" in body
+
+
+def grpc_status(call: Any) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    return str(info.value.status()), str(info.value.message())
+
+
+def test_bad_grpc_requests(gateway: GatewayHandle) -> None:
+    client = tgrpc.InferenceServerClient(gateway.grpc_url)
+    wrong_type = tgrpc.InferInput("pixels", [1, 64], "FP64")
+    wrong_type.set_data_from_numpy(np.zeros((1, 64), np.float64))
+    assert grpc_status(
+        lambda: client.infer("digits-light", [wrong_type], headers=gateway.headers())
+    ) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "input 'pixels': datatype FP64, expected FP32",
+    )
+    wrong_name = tgrpc.InferInput("image", [1, 64], "FP32")
+    wrong_name.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    code, message = grpc_status(
+        lambda: client.infer("digits-light", [wrong_name], headers=gateway.headers())
+    )
+    assert code == "StatusCode.INVALID_ARGUMENT" and "missing input 'pixels'" in message
+    good = tgrpc.InferInput("pixels", [1, 64], "FP32")
+    good.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    code, message = grpc_status(lambda: client.infer("nope", [good], headers=gateway.headers()))
+    assert (code, message) == ("StatusCode.NOT_FOUND", "unknown model 'nope'")
+
+
+def test_mismatched_raw_contents_and_malformed_protobuf(gateway: GatewayHandle) -> None:
+    from edge_agent.protocol.grpc import pb
+
+    channel = grpc.insecure_channel(gateway.grpc_url)
+    metadata = [("authorization", f"Bearer {gateway.device_token}")]
+    message = pb().ModelInferRequest(model_name="digits-light")
+    message.inputs.add(name="pixels", datatype="FP32", shape=[1, 64])
+    message.raw_input_contents.append(b"\x00" * 100)
+    infer = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+        response_deserializer=pb().ModelInferResponse.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        infer(message, metadata=metadata, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        "100 bytes of data for shape [1, 64] and datatype FP32 (256 expected)"
+        in info.value.details()
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        infer(b"\xff\xff\xff\xff garbage", metadata=metadata, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed protobuf request" in info.value.details()
+    channel.close()
+
+
+# -- limits ------------------------------------------------------------------------------------
+
+
+def small_repository(tmp_path: Path) -> Path:
+    repository = tmp_path / "repo"
+    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
+    return repository
+
+
+def test_body_size_limit(tmp_path: Path) -> None:
+    handle = start_gateway(
+        tmp_path, small_repository(tmp_path), max_body_bytes=4096, poll_interval_s=0.0
+    )
+    try:
+        x = np.zeros((32, 64), np.float32)  # 8 KiB of tensor data
+        with pytest.raises(InferenceServerException) as info:
+            http_infer(handle, "digits-light", x)
+        assert info.value.status() == "413" and "exceeds the limit of 4096 bytes" in str(
+            info.value.message()
+        )
+        with pytest.raises(InferenceServerException) as info:
+            grpc_infer(handle, "digits-light", x)
+        assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert http_infer(handle, "digits-light", x[:2]).shape == (2, 10)
+    finally:
+        handle.thread.stop()
+
+
+def test_rate_limit_per_device(tmp_path: Path) -> None:
+    from cloud_gateway.config import RateLimitConfig
+
+    handle = start_gateway(
+        tmp_path,
+        small_repository(tmp_path),
+        rate_limit=RateLimitConfig(requests_per_second=0.5, burst=2),
+        poll_interval_s=0.0,
+    )
+    try:
+        x = heldout(1)
+        http_infer(handle, "digits-light", x)
+        grpc_infer(handle, "digits-light", x)
+        with pytest.raises(InferenceServerException) as info:
+            http_infer(handle, "digits-light", x)
+        assert info.value.status() == "429" and "rate limit of 0.5 requests/s exceeded" in str(
+            info.value.message()
+        )
+        with pytest.raises(InferenceServerException) as info:
+            grpc_infer(handle, "digits-light", x)
+        assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        admin = {"authorization": f"Bearer {handle.admin_token}"}
+        assert (
+            http_request(handle.http_url, "/v2", headers=admin)[0] == 200
+        )  # another device is not limited
+    finally:
+        handle.thread.stop()
+
+
+# -- batching -----------------------------------------------------------------------------------
+
+
+class SlowBackend(EmbeddedBackend):
+    """The embedded backend, with each run made slower (our own seam)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(RuntimeOptions(threads=1, warmup=1))
+        self.delay = delay
+
+    def load(self, package: ModelPackage) -> LoadedModel:
+        model = super().load(package)
+        run = model.run
+
+        def slow(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            time.sleep(self.delay)
+            return run(feed)
+
+        model.run = slow
+        return model
+
+
+def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
+    _, body = http_request(handle.http_url, "/metrics")
+    text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            head, _, value = line.rpartition(" ")
+            found = ",".join(sorted(head[head.find("{") + 1 : head.rfind("}")].split(",")))
+            if all(part in found.split(",") for part in wanted.split(",") if part):
+                total += float(value)
+    return total
+
+
+def test_concurrent_requests_end_up_in_one_batch_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
+    from cloud_gateway.config import BatchingConfig
+
+    handle = start_gateway(
+        tmp_path,
+        small_repository(tmp_path),
+        batching=BatchingConfig(max_batch_size=32, max_queue_delay_us=300_000),
+        poll_interval_s=0.0,
+    )
+    try:
+        x = heldout(8)
+
+        def one(i: int) -> Any:
+            if i == 3:
+                bad = np.zeros((1, 63), np.float32)
+                try:
+                    return grpc_infer(handle, "digits-light", bad)
+                except InferenceServerException as exc:
+                    return exc
+            return grpc_infer(handle, "digits-light", x[i : i + 1])
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        assert isinstance(results[3], InferenceServerException)
+        assert results[3].status() == "StatusCode.INVALID_ARGUMENT"
+        expected = direct("digits-light", x)
+        for i, result in enumerate(results):
+            if i != 3:
+                assert np.allclose(result, expected[i : i + 1], atol=1e-6)
+        assert metric(handle, "gateway_batch_size_count", model="digits-light") == 1
+        assert metric(handle, "gateway_batch_size_sum", model="digits-light") == 7
+    finally:
+        handle.thread.stop()
+
+
+def test_a_requests_deadline_is_kept(tmp_path: Path) -> None:
+    handle = start_gateway(
+        tmp_path, small_repository(tmp_path), backend=SlowBackend(0.5), poll_interval_s=0.0
+    )
+    try:
+        x = heldout(1)
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(http_infer, handle, "digits-light", x)  # occupies the model
+            time.sleep(0.1)
+            started = time.monotonic()
+            with pytest.raises(InferenceServerException) as info:
+                http_infer(handle, "digits-light", x, timeout=100_000)  # 100 ms, in microseconds
+            waited = time.monotonic() - started
+            assert busy.result().shape == (1, 10)
+        assert info.value.status() == "504" and "deadline passed" in str(info.value.message())
+        assert waited < 0.4
+        code, _ = grpc_status(lambda: grpc_infer(handle, "digits-light", x, client_timeout=0.1))
+        assert code == "StatusCode.DEADLINE_EXCEEDED"
+    finally:
+        handle.thread.stop()
+
+
+# -- the repository --------------------------------------------------------------------------------
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_models_reload_on_change_without_a_restart(tmp_path: Path) -> None:
+    repository = small_repository(tmp_path)
+    handle = start_gateway(tmp_path, repository, poll_interval_s=0.1)
+    try:
+        client = thttp.InferenceServerClient(handle.http_url)
+        x = heldout(4)
+        light = direct("digits-light", x)
+        heavy = direct("digits-heavy", x)
+        # a new version appears: it is served by default, the old one on request
+        v2 = repository / "digits-light" / "2"
+        shutil.copytree(MODELS / "digits-heavy" / "1", v2)
+        manifest = json.loads((v2 / "manifest.json").read_text())
+        manifest.update(name="digits-light", version=2)
+        (v2 / "manifest.json").write_text(json.dumps(manifest))
+        wait_for(
+            lambda: (
+                client.get_model_metadata("digits-light", headers=handle.headers())["versions"]
+                == ["1", "2"]
+            )
+        )
+        assert np.allclose(http_infer(handle, "digits-light", x), heavy, atol=1e-6)
+        assert np.allclose(
+            http_infer(handle, "digits-light", x, model_version="1"), light, atol=1e-6
+        )
+        # version 2 changes in place: reloaded
+        for name in ("manifest.json", "model.fp32.onnx"):
+            shutil.copy(MODELS / "digits-light" / "1" / name, v2 / name)
+        manifest = json.loads((v2 / "manifest.json").read_text())
+        manifest["version"] = 2
+        (v2 / "manifest.json").write_text(json.dumps(manifest))
+        wait_for(lambda: np.allclose(http_infer(handle, "digits-light", x), light, atol=1e-6))
+        # version 2 goes away: unloaded
+        shutil.rmtree(v2)
+        wait_for(
+            lambda: (
+                client.get_model_metadata("digits-light", headers=handle.headers())["versions"]
+                == ["1"]
+            )
+        )
+        # a broken version does not disturb what is served
+        broken = repository / "digits-light" / "3"
+        broken.mkdir()
+        (broken / "manifest.json").write_text("{}")
+        time.sleep(0.5)
+        assert np.allclose(http_infer(handle, "digits-light", x), light, atol=1e-6)
+        admin = {"authorization": f"Bearer {handle.admin_token}"}
+        _, index = http_request(handle.http_url, "/v2/repository/index", b"", admin)
+        states = {(m["name"], m["version"]): m for m in index}
+        assert states[("digits-light", "3")]["state"] == "UNAVAILABLE"
+        assert "name: missing" in states[("digits-light", "3")]["reason"]
+    finally:
+        handle.thread.stop()
+
+
+def test_repository_api_needs_an_admin(tmp_path: Path) -> None:
+    handle = start_gateway(tmp_path, small_repository(tmp_path), poll_interval_s=0.0)
+    try:
+        admin = {"authorization": f"Bearer {handle.admin_token}"}
+        path = "/v2/repository/models/digits-light/unload"
+        status, body = http_request(handle.http_url, path, b"", handle.headers())
+        assert status == 403 and "may not manage the repository" in body["error"]
+        assert http_request(handle.http_url, path, b"", admin)[0] == 200
+        with pytest.raises(InferenceServerException, match="unknown model 'digits-light'"):
+            http_infer(handle, "digits-light", heldout(1))
+        client = tgrpc.InferenceServerClient(handle.grpc_url)
+        client.load_model("digits-light", headers=admin)
+        assert http_infer(handle, "digits-light", heldout(1)).shape == (1, 10)
+        index = client.get_model_repository_index(headers=admin)
+        assert [(m.name, m.state) for m in index.models] == [("digits-light", "READY")]
+    finally:
+        handle.thread.stop()
+
+
+# -- metrics -----------------------------------------------------------------------------------------
+
+
+def test_metrics_count_requests_failures_devices_and_latency(tmp_path: Path) -> None:
+    handle = start_gateway(tmp_path, small_repository(tmp_path), poll_interval_s=0.0)
+    try:
+        x = heldout(2)
+        for _ in range(3):
+            http_infer(handle, "digits-light", x)
+        grpc_infer(handle, "digits-light", x)
+        post(handle, "/v2/models/digits-light/infer", {"inputs": [pixels(datatype="FP64")]})
+        assert (
+            metric(
+                handle, "gateway_requests_total", model="digits-light", protocol="http", status="ok"
+            )
+            == 3
+        )
+        assert (
+            metric(
+                handle, "gateway_requests_total", model="digits-light", protocol="grpc", status="ok"
+            )
+            == 1
+        )
+        assert (
+            metric(
+                handle, "gateway_request_failures_total", model="digits-light", status="bad_request"
+            )
+            == 1
+        )
+        assert (
+            metric(handle, "gateway_device_requests_total", device="cam-01", group="rpi5-int8") == 4
+        )
+        assert metric(handle, "gateway_request_seconds_count", model="digits-light") == 4
+        assert metric(handle, "gateway_queue_seconds_count", model="digits-light") == 4
+        assert metric(handle, "gateway_compute_seconds_count", model="digits-light") >= 1
+        assert (
+            metric(handle, "gateway_model_loaded", model="digits-light", variant="onnx-fp32") == 1
+        )
+    finally:
+        handle.thread.stop()

@@ -1,0 +1,118 @@
+"""Device tokens (stored hashed, mode 0600), revocation, rate limits, and the device CLI."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cloud_gateway.auth import DeviceRegistry, RateLimiter, TokenBucket, parse_bearer
+from cloud_gateway.errors import RateLimited, Unauthenticated
+
+
+def test_tokens_are_stored_hashed_in_a_private_file(tmp_path: Path) -> None:
+    registry = DeviceRegistry(tmp_path / "devices.json")
+    token = registry.add("cam-01", "rpi5-int8")
+    text = (tmp_path / "devices.json").read_text()
+    assert token not in text and token.split(".", 1)[1] not in text
+    assert json.loads(text)["devices"]["cam-01"]["group"] == "rpi5-int8"
+    assert stat.S_IMODE((tmp_path / "devices.json").stat().st_mode) == 0o600
+    assert registry.authenticate(token).id == "cam-01"
+
+
+def test_wrong_missing_and_revoked_tokens_are_refused(tmp_path: Path) -> None:
+    registry = DeviceRegistry(tmp_path / "devices.json")
+    token = registry.add("cam-01", "g")
+    other = registry.add("cam-02", "g")
+    with pytest.raises(Unauthenticated, match="missing bearer token"):
+        registry.authenticate(None)
+    with pytest.raises(Unauthenticated, match="invalid token"):
+        registry.authenticate(token[:-2] + "xx")
+    with pytest.raises(Unauthenticated, match="invalid token"):
+        registry.authenticate("cam-01." + other.split(".", 1)[1])  # another device's secret
+    with pytest.raises(Unauthenticated, match="invalid token"):
+        registry.authenticate("no-dot-at-all")
+    registry.revoke("cam-01")
+    with pytest.raises(Unauthenticated, match="device 'cam-01' is revoked"):
+        registry.authenticate(token)
+    assert registry.authenticate(other).id == "cam-02"
+
+
+def test_a_running_registry_sees_changes_made_by_another(tmp_path: Path) -> None:
+    now = [0.0]
+    served = DeviceRegistry(tmp_path / "devices.json", clock=lambda: now[0])
+    token = DeviceRegistry(tmp_path / "devices.json").add("cam-01", "g")
+    now[0] += 1.5
+    assert served.authenticate(token).id == "cam-01"
+    DeviceRegistry(tmp_path / "devices.json").revoke("cam-01")
+    now[0] += 1.5
+    with pytest.raises(Unauthenticated, match="revoked"):
+        served.authenticate(token)
+
+
+def test_device_ids_and_duplicates_are_checked(tmp_path: Path) -> None:
+    registry = DeviceRegistry(tmp_path / "devices.json")
+    registry.add("cam-01", "g")
+    with pytest.raises(ValueError, match="already exists"):
+        registry.add("cam-01", "g")
+    with pytest.raises(ValueError, match="must be 1-64 letters"):
+        registry.add("cam/01", "g")
+    new = registry.add("cam-01", "g", replace=True)
+    assert registry.authenticate(new).id == "cam-01"
+
+
+def test_bearer_parsing() -> None:
+    assert parse_bearer("Bearer abc.def") == "abc.def"
+    assert parse_bearer("bearer  abc ") == "abc"
+    assert parse_bearer("Basic abc") is None
+    assert parse_bearer("Bearer ") is None
+    assert parse_bearer(None) is None
+
+
+def test_token_bucket_refills_at_its_rate() -> None:
+    bucket = TokenBucket(rate=10.0, burst=2.0, tokens=2.0, updated=0.0)
+    assert bucket.take(0.0) and bucket.take(0.0)
+    assert not bucket.take(0.0)
+    assert not bucket.take(0.05)
+    assert bucket.take(0.1)
+
+
+def test_rate_limiter_is_per_device() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=1.0, burst=1, clock=lambda: now[0])
+    limiter.check("a")
+    limiter.check("b")
+    with pytest.raises(RateLimited, match="rate limit of 1 requests/s exceeded for device 'a'"):
+        limiter.check("a")
+    now[0] = 1.0
+    limiter.check("a")
+
+
+def gateway_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cloud_gateway", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_device_cli_prints_the_token_once(tmp_path: Path) -> None:
+    result = gateway_cli(
+        "--state-dir", str(tmp_path), "device", "add", "cam-07", "--group", "rpi5-int8"
+    )
+    assert result.returncode == 0, result.stderr
+    token = result.stdout.strip()
+    assert token.startswith("cam-07.") and len(token) > 40
+    assert "shown only this once" in result.stderr
+    registry = DeviceRegistry(tmp_path / "devices.json")
+    assert registry.authenticate(token).group == "rpi5-int8"
+    listing = gateway_cli("--state-dir", str(tmp_path), "device", "list").stdout
+    assert "cam-07" in listing and token not in listing
+    assert gateway_cli("--state-dir", str(tmp_path), "device", "revoke", "cam-07").returncode == 0
+    with pytest.raises(Unauthenticated, match="revoked"):
+        DeviceRegistry(tmp_path / "devices.json").authenticate(token)
+    failed = gateway_cli("--state-dir", str(tmp_path), "device", "revoke", "nope")
+    assert failed.returncode == 1
+    assert "no device 'nope'" in failed.stderr and "Traceback" not in failed.stderr

@@ -1,0 +1,181 @@
+"""The Open Inference Protocol codecs (REST JSON + binary, gRPC protobuf), without servers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edge_agent.errors import ProtocolError
+from edge_agent.protocol.grpc import (
+    pb,
+    request_from_proto,
+    request_to_proto,
+    response_from_proto,
+    response_to_proto,
+)
+from edge_agent.protocol.rest import (
+    decode_infer_request,
+    decode_infer_response,
+    encode_infer_request,
+    encode_infer_response,
+)
+from edge_agent.protocol.types import InferRequest, InferResponse, RequestedOutput
+
+
+def sample_request() -> InferRequest:
+    return InferRequest(
+        inputs={
+            "pixels": np.arange(12, dtype=np.float32).reshape(2, 6),
+            "mask": np.array([[1, 0], [0, 1]], dtype=np.uint8),
+            "text": np.array([b"hello", "wörld".encode()], dtype=object),
+        },
+        datatypes={"pixels": "FP32", "mask": "UINT8", "text": "BYTES"},
+        id="req-1",
+        parameters={"timeout": 5000},
+    )
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_rest_request_round_trip(binary: bool) -> None:
+    request = sample_request()
+    body, header = encode_infer_request(request, binary=binary)
+    assert (header is not None) == binary
+    decoded = decode_infer_request(body, header)
+    assert decoded.id == "req-1" and decoded.timeout_us == 5000
+    assert decoded.datatypes == request.datatypes
+    for name, array in request.inputs.items():
+        assert decoded.inputs[name].shape == array.shape
+        assert list(decoded.inputs[name].ravel()) == list(array.ravel())
+    assert decoded.binary_output == binary
+
+
+def test_rest_nested_json_data_is_accepted() -> None:
+    body = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}
+    ).encode()
+    assert decode_infer_request(body).inputs["x"].tolist() == [[1, 2], [3, 4]]
+
+
+def test_rest_response_binary_only_where_asked() -> None:
+    response = InferResponse(
+        "m", "1", {"a": np.ones((1, 3), np.float32), "b": np.zeros((2,), np.int64)}, id="r"
+    )
+    request = InferRequest(
+        inputs={}, datatypes={}, outputs=[RequestedOutput("a", True), RequestedOutput("b", False)]
+    )
+    body, header = encode_infer_response(response, request)
+    assert header is not None
+    document = json.loads(body[:header])
+    assert document["outputs"][0]["parameters"] == {"binary_data_size": 12}
+    assert document["outputs"][1]["data"] == [0, 0]
+    decoded = decode_infer_response(body, header)
+    assert decoded.outputs["a"].tolist() == [[1.0, 1.0, 1.0]]
+    assert decoded.outputs["b"].dtype == np.int64
+
+
+def test_rest_response_all_binary_with_binary_data_output() -> None:
+    response = InferResponse("m", "1", {"a": np.ones((2, 2), np.float16)})
+    request = InferRequest(inputs={}, datatypes={}, binary_output=True)
+    body, header = encode_infer_response(response, request)
+    decoded = decode_infer_response(body, header)
+    assert decoded.outputs["a"].dtype == np.float16 and decoded.outputs["a"].sum() == 4
+
+
+def bad(document: object, binary: bytes = b"", header: int | None = None) -> str:
+    head = json.dumps(document).encode() if not isinstance(document, bytes) else document
+    if binary:
+        header = len(head)
+    with pytest.raises(ProtocolError) as info:
+        decode_infer_request(head + binary, header)
+    return str(info.value)
+
+
+def tensor(**fields: object) -> dict[str, object]:
+    return {"name": "x", "datatype": "FP32", "shape": [2], **fields}
+
+
+def test_rest_malformed_requests_say_what_is_wrong() -> None:
+    assert "not valid JSON" in bad(b"{nope")
+    assert "must be a JSON object" in bad([1, 2])
+    assert "'inputs' must be a non-empty list" in bad({"inputs": []})
+    assert "unknown datatype 'FLOAT32'" in bad(
+        {"inputs": [tensor(datatype="FLOAT32", data=[1, 2])]}
+    )
+    assert "shape must be a list of non-negative integers" in bad(
+        {"inputs": [tensor(shape=[-1], data=[1])]}
+    )
+    assert "'data' has 3 elements but shape [2] needs 2" in bad(
+        {"inputs": [tensor(data=[1, 2, 3])]}
+    )
+    assert "neither 'data' nor 'binary_data_size'" in bad({"inputs": [tensor()]})
+    assert "holds string values" in bad({"inputs": [tensor(data=["a", "b"])]})
+    assert "floating-point values, which datatype INT8 cannot take" in bad(
+        {"inputs": [tensor(datatype="INT8", data=[1.5, 2])]}
+    )
+    assert "out of range for UINT8" in bad({"inputs": [tensor(datatype="UINT8", data=[1, 300])]})
+    assert "is given twice" in bad({"inputs": [tensor(data=[1, 2]), tensor(data=[1, 2])]})
+    assert "'timeout' must be a non-negative integer" in bad(
+        {"inputs": [tensor(data=[1, 2])], "parameters": {"timeout": "soon"}}
+    )
+    assert "classification extension is not supported" in bad(
+        {
+            "inputs": [tensor(data=[1, 2])],
+            "outputs": [{"name": "y", "parameters": {"classification": 3}}],
+        }
+    )
+
+
+def test_rest_binary_data_must_add_up() -> None:
+    sized = {"inputs": [tensor(parameters={"binary_data_size": 8})]}
+    assert "goes past the end of the body" in bad(sized, b"\x00" * 4)
+    assert "4 bytes of binary data that no input claims" in bad(sized, b"\x00" * 12)
+    odd = {"inputs": [tensor(parameters={"binary_data_size": 6})]}
+    assert "6 bytes of data for shape [2] and datatype FP32 (8 expected)" in bad(odd, b"\x00" * 6)
+    with pytest.raises(ProtocolError, match="Inference-Header-Content-Length is 99"):
+        decode_infer_request(b"{}", 99)
+
+
+def test_grpc_round_trip_with_raw_contents() -> None:
+    request = sample_request()
+    request.model_name = "m"
+    request.outputs = [RequestedOutput("y")]
+    message = request_to_proto(request)
+    assert len(message.raw_input_contents) == 3
+    decoded = request_from_proto(pb().ModelInferRequest.FromString(message.SerializeToString()))
+    assert decoded.model_name == "m" and decoded.parameters == {"timeout": 5000}
+    assert [o.name for o in decoded.outputs or []] == ["y"]
+    assert decoded.inputs["text"].tolist() == [b"hello", "wörld".encode()]
+    response = InferResponse("m", "1", {"y": np.arange(6, dtype=np.int32).reshape(3, 2)}, id="r")
+    back = response_from_proto(response_to_proto(response))
+    assert back.outputs["y"].tolist() == [[0, 1], [2, 3], [4, 5]] and back.id == "r"
+
+
+def test_grpc_typed_contents_are_accepted() -> None:
+    message = pb().ModelInferRequest(model_name="m")
+    tensor_message = message.inputs.add(name="x", datatype="FP32", shape=[2, 2])
+    tensor_message.contents.fp32_contents.extend([1, 2, 3, 4])
+    assert request_from_proto(message).inputs["x"].tolist() == [[1, 2], [3, 4]]
+
+
+def test_grpc_inconsistent_messages_are_refused() -> None:
+    message = pb().ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP32", shape=[2])
+    message.inputs.add(name="y", datatype="FP32", shape=[2])
+    message.raw_input_contents.append(b"\x00" * 8)
+    with pytest.raises(ProtocolError, match="raw_input_contents has 1 entries for 2 inputs"):
+        request_from_proto(message)
+    with pytest.raises(ProtocolError, match="the request has no inputs"):
+        request_from_proto(pb().ModelInferRequest(model_name="m"))
+    odd = pb().ModelInferRequest(model_name="m")
+    odd.inputs.add(name="x", datatype="FP32", shape=[3])
+    odd.raw_input_contents.append(b"\x00" * 8)
+    with pytest.raises(
+        ProtocolError, match=r"8 bytes of data for shape \[3\] and datatype FP32 \(12 expected\)"
+    ):
+        request_from_proto(odd)
+    typed = pb().ModelInferRequest(model_name="m")
+    typed.inputs.add(name="x", datatype="FP16", shape=[1])
+    with pytest.raises(ProtocolError, match="FP16 must be sent as raw_input_contents"):
+        request_from_proto(typed)
