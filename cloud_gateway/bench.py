@@ -94,10 +94,24 @@ def load(
     protocol: str, url: str, model: str, token: str, data: Path, concurrency: int, seconds: float
 ) -> dict[str, Any]:
     command = [
-        sys.executable, "-m", "cloud_gateway.loadgen",
-        "--protocol", protocol, "--url", url, "--model", model, "--token", token,
-        "--data", str(data), "--concurrency", str(concurrency), "--seconds", str(seconds),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "cloud_gateway.loadgen",
+        "--protocol",
+        protocol,
+        "--url",
+        url,
+        "--model",
+        model,
+        "--token",
+        token,
+        "--data",
+        str(data),
+        "--concurrency",
+        str(concurrency),
+        "--seconds",
+        str(seconds),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
     if result.returncode != 0:
         raise RuntimeError(f"load generator failed: {result.stderr[-2000:]}")
@@ -198,9 +212,10 @@ def summarize(report: dict[str, Any]) -> None:
         def find(kind: str, batching: bool, protocol: str = protocol) -> dict[str, Any]:
             wanted = (kind, protocol, batching, top)
             return next(
-                c for c in report["cases"]
+                c
+                for c in report["cases"]
                 if (c["kind"], c["protocol"], c["batching"], c["clients"]) == wanted
-            )  # fmt: skip
+            )
 
         front = find("noop", True)["throughput_per_s"]
         on, off = find("model", True), find("model", False)
@@ -228,11 +243,17 @@ def summarize(report: dict[str, Any]) -> None:
 def format_report(report: dict[str, Any]) -> str:
     rows = [
         [
-            c["kind"], c["protocol"], "on" if c["batching"] else "off", c["clients"],
-            c["throughput_per_s"], c["p50_ms"], c["p99_ms"], c["errors"],
+            c["kind"],
+            c["protocol"],
+            "on" if c["batching"] else "off",
+            c["clients"],
+            c["throughput_per_s"],
+            c["p50_ms"],
+            c["p99_ms"],
+            c["errors"],
         ]
         for c in report["cases"]
-    ]  # fmt: skip
+    ]
     alone = report["model_alone"]
     lines = [
         f"gateway benchmark: {report['model']} {report['variant']} "
@@ -302,9 +323,11 @@ def draw_chart(report: dict[str, Any], path: Path) -> None:
     )
     for protocol, style in (("grpc", "-."), ("http", ":")):
         left.axhline(
-            report["summary"][protocol]["front_end_alone_per_s"], color="green", linestyle=style,
+            report["summary"][protocol]["front_end_alone_per_s"],
+            color="green",
+            linestyle=style,
             label=f"front end alone ({protocol})",
-        )  # fmt: skip
+        )
     right.axhline(TARGET_P99_MS, color="red", linestyle=":", label="p99 target")
     left.set(
         xlabel="concurrent clients", ylabel="requests / s", title=f"throughput, {report['model']}"

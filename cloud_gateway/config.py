@@ -28,7 +28,7 @@ A TOML file (every field optional; command-line flags override it)::
     [batching]                       # defaults for every model with a dynamic batch dimension
     enabled = true
     max_batch_size = 32
-    max_queue_delay_us = 500
+    max_queue_delay_us = 0           # added wait for a fuller batch (0: none)
     preferred_batch_sizes = []
 
     [models.digits-heavy.batching]   # per model
@@ -58,7 +58,7 @@ __all__ = ["BatchingConfig", "GatewayConfig", "RateLimitConfig", "TLSConfig", "l
 class BatchingConfig:
     enabled: bool = True
     max_batch_size: int = 32
-    max_queue_delay_us: int = 500
+    max_queue_delay_us: int = 0  # 0: no added wait; what arrived during the last run goes together
     preferred_batch_sizes: tuple[int, ...] = ()
 
 

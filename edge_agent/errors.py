@@ -13,6 +13,13 @@ ever catch these::
     ├── InputError               the caller's input does not fit the model
     │   └── ProtocolError        a request or response is malformed on the wire
     ├── NoVariantError           no variant of the model can run on this device
+    ├── PolicyRejected           the policy refuses the request (the decision says why)
+    ├── OffloadError             sending a request to the cloud failed
+    │   ├── OffloadUnavailable   the gateway cannot be reached (retried, counts for the breaker)
+    │   ├── OffloadTimeout       no answer within the deadline
+    │   ├── OffloadRejected      the gateway answered with an error (bad request, auth, ...)
+    │   ├── BreakerOpen          too many recent failures: not even tried
+    │   └── PrivacyRefusal       the exit guard refused to let the data leave
     └── BackendError             the inference runtime failed
         ├── BackendUnavailableError   the runtime library is not installed
         ├── ModelLoadError            the runtime refused the model
@@ -26,6 +33,7 @@ from pathlib import Path
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
+    "BreakerOpen",
     "ConfigError",
     "EdgeError",
     "InferenceError",
@@ -33,7 +41,13 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFoundError",
     "NoVariantError",
+    "OffloadError",
+    "OffloadRejected",
+    "OffloadTimeout",
+    "OffloadUnavailable",
     "PackageError",
+    "PolicyRejected",
+    "PrivacyRefusal",
     "ProfileError",
     "ProtocolError",
 ]
@@ -110,3 +124,39 @@ class ModelLoadError(BackendError):
 
 class InferenceError(BackendError):
     """The runtime failed while running the model."""
+
+
+class PolicyRejected(EdgeError):
+    """The policy refuses the request; ``decision`` says why."""
+
+    def __init__(self, message: str, *, decision: object = None) -> None:
+        self.decision = decision
+        super().__init__(message)
+
+
+class OffloadError(EdgeError):
+    """Sending a request to the cloud failed."""
+
+
+class OffloadUnavailable(OffloadError):
+    """The gateway cannot be reached (connection refused, UNAVAILABLE, 502/503)."""
+
+
+class OffloadTimeout(OffloadError):
+    """The gateway did not answer within the request's deadline."""
+
+
+class OffloadRejected(OffloadError):
+    """The gateway answered with an error; ``status`` is its HTTP status or gRPC code."""
+
+    def __init__(self, message: str, *, status: str = "") -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class BreakerOpen(OffloadError):
+    """The circuit breaker is open after repeated failures: the request was not sent."""
+
+
+class PrivacyRefusal(OffloadError):
+    """The exit guard refused to send data that may not leave the device as it is."""

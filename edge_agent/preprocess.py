@@ -1,4 +1,4 @@
-"""Image files to input tensors, as a model's manifest describes (OpenCV).
+"""Image files to input tensors, as a model's manifest describes (OpenCV), and back.
 
 OpenCV is imported on first use only: a device that is never handed an
 image file does not load it.
@@ -6,6 +6,8 @@ image file does not load it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,7 @@ import numpy as np
 from edge_agent.errors import InputError
 from edge_agent.package import ImagePreprocessing
 
-__all__ = ["decode_image", "image_to_tensor"]
+__all__ = ["ImageView", "decode_image", "image_to_tensor", "tensor_to_image"]
 
 Array = np.ndarray[Any, Any]
 
@@ -77,3 +79,103 @@ def image_to_tensor(image: Array, pre: ImagePreprocessing) -> Array:
     elif pre.layout == "NF":
         tensor = tensor.reshape(-1)
     return np.ascontiguousarray(tensor[None])
+
+
+@dataclass
+class ImageView:
+    """One image item of an input tensor as a picture, and the way back.
+
+    ``rgb`` is an ``H x W x 3`` ``uint8`` picture; ``encode`` turns a picture of
+    the same size back into a tensor item of the original layout and dtype.
+    """
+
+    rgb: Array
+    encode: Callable[[Array], Array]
+
+
+def tensor_to_image(item: Array, pre: ImagePreprocessing | None) -> ImageView | None:
+    """The picture an input item shows, or ``None`` when it is not an image.
+
+    With the manifest's preprocessing the mapping is inverted exactly; without
+    it, a 3-D item with 1 or 3 channels (HWC or CHW) is taken as an image whose
+    values are stretched to 0..255.
+    """
+    if pre is not None:
+        return _known_layout(item, pre)
+    return _guessed_layout(item)
+
+
+def _known_layout(item: Array, pre: ImagePreprocessing) -> ImageView | None:
+    channels = 1 if pre.color == "gray" else 3
+    if pre.layout == "NF":
+        if pre.size is None or item.size != pre.size[0] * pre.size[1] * channels:
+            return None
+        hwc = item.reshape(pre.size[0], pre.size[1], channels)
+    elif pre.layout == "NCHW":
+        if item.ndim != 3 or item.shape[0] != channels:
+            return None
+        hwc = item.transpose(1, 2, 0)
+    else:
+        if item.ndim != 3 or item.shape[2] != channels:
+            return None
+        hwc = item
+    values = hwc.astype(np.float32)
+    if pre.std is not None:
+        values = values * np.asarray(pre.std, np.float32)
+    if pre.mean is not None:
+        values = values + np.asarray(pre.mean, np.float32)
+    low, high = pre.value_range
+    pixels = np.clip(np.rint((values - low) * (255.0 / (high - low))), 0, 255).astype(np.uint8)
+    if channels == 1:
+        rgb = np.repeat(pixels, 3, axis=2)
+    elif pre.color == "bgr":
+        rgb = pixels[:, :, ::-1]
+    else:
+        rgb = pixels
+    shape, dtype = item.shape, item.dtype
+
+    def encode(picture: Array) -> Array:
+        if channels == 1:
+            chosen = picture.astype(np.float32).mean(axis=2, keepdims=True)
+        elif pre.color == "bgr":
+            chosen = picture[:, :, ::-1].astype(np.float32)
+        else:
+            chosen = picture.astype(np.float32)
+        tensor = chosen * np.float32((high - low) / 255.0) + np.float32(low)
+        if pre.mean is not None:
+            tensor -= np.asarray(pre.mean, np.float32)
+        if pre.std is not None:
+            tensor /= np.asarray(pre.std, np.float32)
+        if pre.layout == "NCHW":
+            tensor = tensor.transpose(2, 0, 1)
+        return np.ascontiguousarray(tensor.reshape(shape)).astype(dtype)
+
+    return ImageView(np.ascontiguousarray(rgb), encode)
+
+
+def _guessed_layout(item: Array) -> ImageView | None:
+    if item.ndim != 3 or item.dtype.kind not in "uif":
+        return None
+    if item.shape[0] in (1, 3) and min(item.shape[1:]) >= 8:
+        hwc, chw = item.transpose(1, 2, 0), True
+    elif item.shape[2] in (1, 3) and min(item.shape[:2]) >= 8:
+        hwc, chw = item, False
+    else:
+        return None
+    values = hwc.astype(np.float32)
+    low, high = float(values.min()), float(values.max())
+    span = high - low if high > low else 1.0
+    pixels = np.clip(np.rint((values - low) * (255.0 / span)), 0, 255).astype(np.uint8)
+    rgb = np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
+    shape, dtype, channels = item.shape, item.dtype, hwc.shape[2]
+
+    def encode(picture: Array) -> Array:
+        chosen = picture.astype(np.float32)
+        if channels == 1:
+            chosen = chosen.mean(axis=2, keepdims=True)
+        tensor = chosen * np.float32(span / 255.0) + np.float32(low)
+        if chw:
+            tensor = tensor.transpose(2, 0, 1)
+        return np.ascontiguousarray(tensor.reshape(shape)).astype(dtype)
+
+    return ImageView(np.ascontiguousarray(rgb), encode)

@@ -142,19 +142,19 @@ def test_infer_single_item_npy_gets_a_batch_dimension(
 ) -> None:
     path = tmp_path / "one.npy"
     np.save(path, repository.get("digits-heavy").evaluation()[0][3])
-    data = json.loads(
-        cli(
-            "infer",
-            "--model",
-            "digits-heavy",
-            "--input",
-            str(path),
-            "--profile",
-            "generic-x86_64",
-            check=True,
-        ).stdout
-    )
+    args = ["infer", "--input", str(path), "--profile", "generic-x86_64"]
+    data = json.loads(cli(*args, "--model", "digits-light", check=True).stdout)
     assert data["outputs"]["probabilities"]["shape"] == [1, 10]
+    assert data["decision"] == "LOCAL" and data["where"] == "device"
+    # the default policy keeps digits-heavy in the cloud: with no gateway, a clear refusal
+    assert_one_line_error(
+        cli(*args, "--model", "digits-heavy"),
+        "no_gateway: digits-heavy runs in the cloud only, but this device has no gateway",
+    )
+    data = json.loads(
+        cli(*args, "--model", "digits-heavy", "--variant", "onnx-int8", check=True).stdout
+    )
+    assert data["reason"] == "variant_requested" and data["variant"] == "onnx-int8"
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:
@@ -224,3 +224,77 @@ def test_bench_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     for entry in report["variants"]:
         assert entry["p50_ms"] > 0 and entry["overhead"]["raw_p50_us"] > 0
         assert entry["accuracy"] == pytest.approx(entry["manifest_accuracy"], abs=0.003)
+
+
+def test_policy_explain_show_and_check(repository: ModelRepository, tmp_path: Path) -> None:
+    import cv2
+    from skimage import data
+
+    photo = tmp_path / "astronaut.png"
+    cv2.imwrite(str(photo), cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR))
+    args = [
+        "policy",
+        "explain",
+        "--model",
+        "ppocr-det",
+        "--input",
+        str(photo),
+        "--profile",
+        "generic-x86_64",
+    ]
+    explained = json.loads(cli(*args, check=True).stdout)
+    # a local-only device (no gateway configured): a face makes it personal, and it cannot go anywhere
+    assert explained["decision"] == "REJECT" and explained["reason"] == "no_gateway"
+    assert explained["findings"]["faces"] == 1 and explained["label"] == "personal"
+    gateway_config = tmp_path / "agent.toml"
+    token = tmp_path / "device.token"
+    token.write_text("cam-01.secret")
+    token.chmod(0o600)
+    gateway_config.write_text('[gateway]\naddress = "127.0.0.1:1"\ntoken_file = "device.token"\n')
+    explained = json.loads(cli(*args, "--config", str(gateway_config), check=True).stdout)
+    assert explained["decision"] == "OFFLOAD_REDACTED" and explained["reason"] == "cloud_only"
+    explained = json.loads(
+        cli(*args, "--config", str(gateway_config), "--label", "sensitive", check=True).stdout
+    )
+    assert explained["decision"] == "REJECT" and explained["reason"] == "may_not_leave"
+    shown = json.loads(cli("policy", "show", check=True).stdout)
+    assert shown["models"]["digits-light"]["escalate_to"] == "digits-heavy"
+    broken = tmp_path / "policy.toml"
+    broken.write_text('[sensitivity]\npublic = "share"\n')
+    assert_one_line_error(
+        cli("policy", "check", str(broken)), "sensitivity.public: expected one of"
+    )
+    token.chmod(0o644)
+    assert_one_line_error(cli(*args, "--config", str(gateway_config)), "readable by others")
+
+
+def test_infer_with_a_gateway_config_escalates(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from .test_agent import low_and_high_confidence
+
+    token = tmp_path / "device.token"
+    token.write_text(gateway.device_token)
+    token.chmod(0o600)
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'profile = "generic-x86_64"\n[gateway]\naddress = "{gateway.grpc_url}"\ntoken_file = "device.token"\n'
+    )
+    low, _ = low_and_high_confidence()
+    path = tmp_path / "low.npy"
+    np.save(path, low)
+    data = json.loads(
+        cli(
+            "infer",
+            "--model",
+            "digits-light",
+            "--input",
+            str(path),
+            "--config",
+            str(config),
+            "--label",
+            "personal",
+            check=True,
+        ).stdout
+    )
+    assert data["where"] == "cloud" and data["escalated"] and data["model"] == "digits-heavy"
+    assert data["decision"] == "OFFLOAD_REDACTED" and data["reason"] == "low_confidence"
+    assert data["label"] == "personal"

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from edge_agent.cli import bench_cmd, infer_cmd, models_cmd, profile_cmd
+from edge_agent.cli import bench_cmd, infer_cmd, models_cmd, policy_cmd, profile_cmd
 from edge_agent.errors import EdgeError
 
 __all__ = ["main"]
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.register(commands)
     models_cmd.register(commands)
     infer_cmd.register(commands)
+    policy_cmd.register(commands)
     bench_cmd.register(commands)
     return parser
 

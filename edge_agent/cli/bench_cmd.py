@@ -12,7 +12,7 @@ from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 from edge_agent.runtime import installed_formats
 
-SUITES = ("runtime",)
+SUITES = ("runtime", "hybrid")
 
 
 def register(commands: Any) -> None:
@@ -35,6 +35,7 @@ def register(commands: Any) -> None:
         "--batch", type=int, default=32, help="batch size for the batched throughput"
     )
     parser.add_argument("--no-rss", action="store_true", help="skip the per-variant peak RSS runs")
+    parser.add_argument("--deadline-ms", type=float, default=250.0, help="per request (hybrid)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -42,6 +43,26 @@ def register(commands: Any) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.suite == "hybrid":
+        return _hybrid(args)
+    return _runtime(args)
+
+
+def _hybrid(args: argparse.Namespace) -> int:
+    from edge_agent.bench.hybrid import format_hybrid, run_hybrid
+
+    profile, _ = resolve_profile(args)
+    report = run_hybrid(
+        profile, args.model_dir or default_model_dir(), deadline_ms=args.deadline_ms
+    )
+    print(format_hybrid(report))
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _runtime(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from edge_agent.bench.runtime import BenchSettings, format_report, run_bench

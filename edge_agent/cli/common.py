@@ -5,14 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edge_agent.config import AgentConfig, load_agent_config
 from edge_agent.errors import EdgeError
 from edge_agent.paths import default_model_dir, default_profiles_dir
 from edge_agent.profiles import Detection, DeviceProfile, ProfileStore, detect_profile
 
-__all__ = ["CliError", "add_model_dir", "add_profiles_dir", "print_json", "resolve_profile"]
+__all__ = [
+    "CliError",
+    "add_model_dir",
+    "add_profiles_dir",
+    "agent_settings",
+    "print_json",
+    "resolve_profile",
+]
 
 
 class CliError(EdgeError):
@@ -53,3 +62,17 @@ def resolve_profile(args: argparse.Namespace) -> tuple[DeviceProfile, Detection 
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def agent_settings(args: argparse.Namespace) -> tuple[AgentConfig, DeviceProfile]:
+    """The agent configuration (``--config``) with ``--model-dir`` and ``--profile``
+    applied, and the device profile: named (by flag or configuration) or detected."""
+    config = load_agent_config(getattr(args, "config", None))
+    if getattr(args, "model_dir", None) is not None:
+        config = replace(config, model_dir=args.model_dir)
+    if getattr(args, "profile", None):
+        config = replace(config, profile=args.profile)
+    store = ProfileStore(getattr(args, "profiles_dir", None) or default_profiles_dir())
+    if config.profile:
+        return config, store.get(config.profile)
+    return config, detect_profile(list(store), config.root).profile

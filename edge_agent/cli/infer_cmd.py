@@ -9,17 +9,20 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.agent import Agent, create_agent
 from edge_agent.cli.common import (
     CliError,
     add_model_dir,
     add_profiles_dir,
+    agent_settings,
     print_json,
-    resolve_profile,
 )
+from edge_agent.config import AgentConfig
 from edge_agent.errors import InputError
 from edge_agent.package import ModelPackage, ModelRepository
-from edge_agent.paths import default_model_dir
-from edge_agent.runtime import open_best, open_variant
+from edge_agent.policy.rules import LABELS
+from edge_agent.profiles import DeviceProfile
+from edge_agent.runtime import open_variant
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 MAX_PRINTED_VALUES = 1000
@@ -43,6 +46,11 @@ def register(commands: Any) -> None:
         "--top-k", type=int, default=3, help="labels to report per item (classification)"
     )
     parser.add_argument("--full", action="store_true", help="print large outputs in full")
+    parser.add_argument("--config", type=Path, help="agent configuration (gateway, token, policy)")
+    parser.add_argument(
+        "--label", choices=LABELS, help="the data's sensitivity (default: the policy's default)"
+    )
+    parser.add_argument("--deadline-ms", type=float, help="the request's deadline")
     add_model_dir(parser)
     add_profiles_dir(parser)
     parser.set_defaults(run=_infer)
@@ -124,24 +132,50 @@ def describe_outputs(
     return result
 
 
-def _infer(args: argparse.Namespace) -> int:
-    repository = ModelRepository(args.model_dir or default_model_dir())
-    package = repository.get(args.model, args.version)
-    profile, _ = resolve_profile(args)
-    inputs = read_input(package, args.input)
-    if args.variant:
-        variant = package.variant(args.variant)
-        session = open_variant(package, variant, profile.runtime)
-    else:
-        variant, session = open_best(
-            package,
-            profile.runtime,
-            precisions=profile.precisions,
-            formats=profile.formats,
-            profile_name=f"profile {profile.id}",
+def agent_input(agent: Agent, args: argparse.Namespace) -> dict[str, np.ndarray[Any, Any]]:
+    """The ``--input`` file read for ``--model`` as the agent's repository describes it."""
+    package = agent.package(args.model)
+    if package is None:
+        raise CliError(
+            f"unknown model {args.model!r} in {agent.repository.root}: its manifest is needed "
+            "to read the input file"
         )
+    return read_input(package, args.input)
+
+
+def _infer(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise CliError("--top-k must be at least 1")
+    config, profile = agent_settings(args)
+    if args.variant:
+        return _infer_variant(args, config, profile)
+    if args.version is not None:
+        raise CliError("--version needs --variant (the agent serves the newest version)")
+    agent = create_agent(config, profile=profile)
+    try:
+        inputs = agent_input(agent, args)
+        result = agent.infer(args.model, inputs, label=args.label, deadline_ms=args.deadline_ms)
+        answered = agent.package(result.model) or agent.package(args.model)
+        assert answered is not None
+        backend = agent.backend_of(result.model) if result.where == "device" else None
+        print_json(
+            {
+                **result.to_dict(),
+                "profile": agent.profile.id,
+                "backend": backend,
+                **describe_outputs(answered, result.outputs, top_k=args.top_k, full=args.full),
+            }
+        )
+    finally:
+        agent.close()
+    return 0
+
+
+def _infer_variant(args: argparse.Namespace, config: AgentConfig, profile: DeviceProfile) -> int:
+    """An explicit variant: run it on this device, no policy."""
+    package = ModelRepository(config.model_dir).get(args.model, args.version)
+    inputs = read_input(package, args.input)
+    session = open_variant(package, package.variant(args.variant), profile.runtime)
     start = time.perf_counter()
     outputs = session.run(inputs)
     latency_ms = (time.perf_counter() - start) * 1000
@@ -149,10 +183,13 @@ def _infer(args: argparse.Namespace) -> int:
         {
             "model": package.name,
             "version": package.version,
-            "variant": variant.id,
+            "variant": args.variant,
             "profile": profile.id,
             "backend": session.backend,
             "device": session.device,
+            "where": "device",
+            "decision": "LOCAL",
+            "reason": "variant_requested",
             "latency_ms": round(latency_ms, 4),
             **describe_outputs(package, outputs, top_k=args.top_k, full=args.full),
         }

@@ -1,0 +1,35 @@
+"""Offloading requests to the cloud gateway.
+
+:class:`Transport` is the seam (gRPC first, HTTP second);
+:class:`OffloadClient` adds the deadline, retries and the circuit breaker;
+:class:`ExitGuard` enforces the privacy rules where bytes leave.
+"""
+
+from edge_agent.offload.base import TLSSettings, Transport
+from edge_agent.offload.breaker import CircuitBreaker
+from edge_agent.offload.client import OffloadClient
+from edge_agent.offload.guard import ExitGuard
+
+__all__ = [
+    "CircuitBreaker",
+    "ExitGuard",
+    "OffloadClient",
+    "TLSSettings",
+    "Transport",
+    "make_transport",
+]
+
+
+def make_transport(
+    protocol: str, address: str, *, token: str | None = None, tls: TLSSettings | None = None
+) -> Transport:
+    """A transport for ``protocol`` (``grpc`` or ``http``); its library is imported here."""
+    if protocol == "grpc":
+        from edge_agent.offload.grpc import GrpcTransport
+
+        return GrpcTransport(address, token=token, tls=tls)
+    if protocol == "http":
+        from edge_agent.offload.http import HttpTransport
+
+        return HttpTransport(address, token=token, tls=tls)
+    raise ValueError(f"unknown offload protocol {protocol!r}; expected grpc or http")

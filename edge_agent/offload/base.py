@@ -1,0 +1,50 @@
+"""The transport interface of offloading: one request out, one response back.
+
+A transport is a small seam (``infer(request, timeout=, request_id=)``) in the
+manner of httpx's transports: gRPC (:mod:`.grpc`) and HTTP (:mod:`.http`)
+implement it, MQTT later; tests and the exit guard wrap it. A transport
+translates its library's errors into the agent's offload errors:
+:class:`OffloadUnavailable` (retryable), :class:`OffloadTimeout`,
+:class:`OffloadRejected`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.protocol.types import InferRequest, InferResponse
+
+__all__ = ["TLSSettings", "Transport"]
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """TLS to the gateway: the CA to trust, and a client certificate when it asks for one."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str | None = None  # override the name checked in the server's certificate
+
+
+class Transport(ABC):
+    """Sends Open Inference Protocol requests to the gateway."""
+
+    name: str = "transport"
+
+    @abstractmethod
+    def infer(
+        self, request: InferRequest, *, timeout: float, request_id: str = ""
+    ) -> InferResponse:
+        """Send one request; wait at most ``timeout`` seconds for its response.
+
+        Raises:
+            OffloadUnavailable: the gateway cannot be reached (worth a retry).
+            OffloadTimeout: no response in time.
+            OffloadRejected: the gateway answered with an error.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional: transports without connections need nothing
+        """Close the connections the transport keeps open."""

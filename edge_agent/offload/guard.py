@@ -1,0 +1,75 @@
+"""The exit guard: nothing leaves the device that the privacy rules keep on it.
+
+Enforced where bytes leave, whatever the policy decided: the offload client
+asks the guard before anything reaches the transport; the guard searches every
+outgoing request again with the same detectors and refuses (and counts) a
+request whose data may not leave as it is:
+
+- its effective label (the caller's label, raised by what the detectors find)
+  keeps it on the device;
+- it must be redacted and was not, or faces or personal text are still found;
+- it holds a picture the device cannot search (no face detector installed)
+  while the rules say faces may not leave freely.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from edge_agent.errors import PrivacyRefusal
+from edge_agent.package import ImagePreprocessing
+from edge_agent.policy.rules import PolicyRules
+from edge_agent.privacy import PrivacyInspector
+from edge_agent.protocol.types import InferRequest
+
+__all__ = ["ExitGuard"]
+
+
+class ExitGuard:
+    def __init__(
+        self,
+        inspector: PrivacyInspector,
+        rules: PolicyRules,
+        *,
+        preprocessing: Callable[[str], ImagePreprocessing | None] = lambda model: None,
+    ) -> None:
+        self.inspector = inspector
+        self.rules = rules
+        self._preprocessing = preprocessing
+        self._lock = threading.Lock()
+        self.refusals: Counter[str] = Counter()
+
+    def _refuse(self, reason: str, message: str) -> PrivacyRefusal:
+        with self._lock:
+            self.refusals[reason] += 1
+        return PrivacyRefusal(message)
+
+    def check(self, request: InferRequest, *, label: str | None, redacted: bool) -> None:
+        """Raise :class:`PrivacyRefusal` when ``request`` may not leave the device."""
+        pre = self._preprocessing(request.model_name)
+        findings = self.inspector.inspect(request.inputs, pre)
+        effective = self.rules.effective_label(label, set(findings.kinds))
+        mode = self.rules.leave_mode(effective)
+        if mode == "local":
+            raise self._refuse(
+                "sensitive",
+                f"refused to send a '{effective}' request to the cloud ({findings.to_dict()})",
+            )
+        if mode == "redact":
+            if not redacted:
+                raise self._refuse(
+                    "not_redacted", f"refused to send a '{effective}' request that was not redacted"
+                )
+            if findings.kinds:
+                raise self._refuse(
+                    "still_identifiable",
+                    "refused: the redacted request still shows "
+                    + ", ".join(sorted(findings.kinds)),
+                )
+        faces_matter = self.rules.leave_mode(self.rules.finding_labels["faces"]) != "free"
+        if faces_matter and self.inspector.unsearchable_images(request.inputs, pre):
+            raise self._refuse(
+                "unsearchable", "refused: a picture cannot be searched for faces on this device"
+            )

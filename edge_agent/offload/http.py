@@ -1,0 +1,94 @@
+"""Offload over HTTP: ``POST /v2/models/{name}/infer`` with binary tensors.
+
+One ``httpx.Client`` per transport keeps connections alive between requests;
+the device token goes in ``Authorization: Bearer``, a request id in
+``X-Request-Id``. httpx's exceptions are translated here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from edge_agent.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
+from edge_agent.offload.base import TLSSettings, Transport
+from edge_agent.protocol.rest import (
+    HEADER_LENGTH,
+    decode_infer_response,
+    encode_infer_request,
+)
+from edge_agent.protocol.types import InferRequest, InferResponse
+
+__all__ = ["HttpTransport"]
+
+
+class HttpTransport(Transport):
+    name = "http"
+
+    def __init__(
+        self, base_url: str, *, token: str | None = None, tls: TLSSettings | None = None
+    ) -> None:
+        import httpx
+
+        self._httpx = httpx
+        if "://" not in base_url:
+            base_url = ("https://" if tls else "http://") + base_url
+        verify: Any = True
+        cert: Any = None
+        if tls is not None:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
+            if tls.cert is not None:
+                context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
+            verify = context
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=base_url, headers=headers, verify=verify, cert=cert)
+        self.base_url = base_url
+
+    def infer(
+        self, request: InferRequest, *, timeout: float, request_id: str = ""
+    ) -> InferResponse:
+        httpx = self._httpx
+        body, header_length = encode_infer_request(request)
+        headers = {"content-type": "application/octet-stream"}
+        if header_length is not None:
+            headers[HEADER_LENGTH] = str(header_length)
+        if request_id:
+            headers["x-request-id"] = request_id
+        path = f"/v2/models/{quote(request.model_name, safe='')}"
+        if request.model_version:
+            path += f"/versions/{quote(request.model_version, safe='')}"
+        try:
+            response = self._client.post(
+                path + "/infer", content=body, headers=headers, timeout=max(timeout, 0.001)
+            )
+        except httpx.TimeoutException as exc:
+            raise OffloadTimeout(f"no answer from {self.base_url} within {timeout:.3f} s") from exc
+        except httpx.TransportError as exc:
+            raise OffloadUnavailable(f"gateway {self.base_url} unavailable: {exc}") from exc
+        if response.status_code in (502, 503):
+            raise OffloadUnavailable(f"gateway {self.base_url} unavailable: {_error(response)}")
+        if response.status_code == 504:
+            raise OffloadTimeout(f"the gateway gave up: {_error(response)}")
+        if response.status_code != 200:
+            raise OffloadRejected(
+                f"the gateway refused ({response.status_code}): {_error(response)}",
+                status=str(response.status_code),
+            )
+        length = response.headers.get(HEADER_LENGTH)
+        try:
+            return decode_infer_response(response.content, int(length) if length else None)
+        except (ProtocolError, ValueError) as exc:
+            raise OffloadRejected(f"malformed response from {self.base_url}: {exc}") from exc
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _error(response: Any) -> str:
+    try:
+        return str(json.loads(response.content)["error"])
+    except (ValueError, KeyError, TypeError):
+        return str(response.text[:200] or response.reason_phrase)

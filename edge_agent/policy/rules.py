@@ -1,0 +1,196 @@
+"""The offload policy file: the rules an operator reads and changes.
+
+A TOML file, validated at load (a wrong field names the file, the field and
+what was expected)::
+
+    [sensitivity]
+    # per label, what may leave the device: "free" (as is), "redact" (only a
+    # redacted copy) or "local" (never)
+    public = "free"
+    personal = "redact"
+    sensitive = "local"
+    default = "public"          # the label of a request that has none
+    # the label a detector's finding gives a request (the stricter label wins)
+    faces = "personal"
+    pii = "sensitive"
+
+    [defaults]
+    placement = "either"        # device | cloud | either
+    prefer = "local"            # when both could answer in time: local | cloud
+
+    [models.digits-light]
+    placement = "either"
+    escalate_to = "digits-heavy"   # the cloud model a low-confidence answer goes to
+    escalate_below = 0.9           # ... when the local top probability is below this
+
+    [models.ppocr-det]
+    placement = "cloud"
+
+    [device]
+    offload_when_throttled = true  # a throttled device sends what may leave
+    max_cpu_load = 0.9             # above this load too
+    local_when_critical = false    # above the critical temperature: no local work
+
+    [deadline]
+    margin_ms = 2.0                # an estimate must fit the deadline with this to spare
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_agent.errors import ConfigError
+from edge_agent.fields import Fields, load_document
+
+__all__ = [
+    "LABELS",
+    "LEAVE_MODES",
+    "PLACEMENTS",
+    "ModelRule",
+    "PolicyError",
+    "PolicyRules",
+    "load_policy",
+]
+
+LABELS = ("public", "personal", "sensitive")  # from least to most sensitive
+LEAVE_MODES = ("free", "redact", "local")  # from least to most restrictive
+PLACEMENTS = ("device", "cloud", "either")
+
+
+class PolicyError(ConfigError):
+    """The policy file is malformed or holds a wrong value."""
+
+
+@dataclass(frozen=True)
+class ModelRule:
+    placement: str = "either"
+    escalate_to: str | None = None
+    escalate_below: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyRules:
+    leave: dict[str, str] = field(
+        default_factory=lambda: {"public": "free", "personal": "redact", "sensitive": "local"}
+    )
+    default_label: str = "public"
+    finding_labels: dict[str, str] = field(
+        default_factory=lambda: {"faces": "personal", "pii": "sensitive"}
+    )
+    default_placement: str = "either"
+    prefer: str = "local"
+    models: dict[str, ModelRule] = field(default_factory=dict)
+    offload_when_throttled: bool = True
+    max_cpu_load: float = 0.9
+    local_when_critical: bool = False
+    deadline_margin_ms: float = 2.0
+    source: Path | None = None
+
+    def rule(self, model: str) -> ModelRule:
+        return self.models.get(model, ModelRule(placement=self.default_placement))
+
+    def effective_label(self, label: str | None, findings: set[str]) -> str:
+        """The stricter of the request's label and what its findings imply."""
+        labels = [label or self.default_label]
+        labels += [self.finding_labels[f] for f in findings if f in self.finding_labels]
+        return max(labels, key=LABELS.index)
+
+    def leave_mode(self, label: str) -> str:
+        return self.leave[label]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sensitivity": {**self.leave, "default": self.default_label, **self.finding_labels},
+            "defaults": {"placement": self.default_placement, "prefer": self.prefer},
+            "models": {
+                name: {k: v for k, v in vars(rule).items() if v is not None}
+                for name, rule in self.models.items()
+            },
+            "device": {
+                "offload_when_throttled": self.offload_when_throttled,
+                "max_cpu_load": self.max_cpu_load,
+                "local_when_critical": self.local_when_critical,
+            },
+            "deadline": {"margin_ms": self.deadline_margin_ms},
+        }
+
+
+def parse_policy(data: dict[str, Any], path: Path | None = None) -> PolicyRules:
+    """Rules from a parsed document.
+
+    Raises:
+        PolicyError: a field is missing or wrong.
+    """
+    fields = Fields(data, path=path, error=PolicyError)
+    defaults = PolicyRules()
+    sens = fields.table("sensitivity", None)
+    leave = {
+        label: sens.string(label, defaults.leave[label], choices=LEAVE_MODES) for label in LABELS
+    }
+    default_label = sens.string("default", defaults.default_label, choices=LABELS)
+    findings = {
+        kind: sens.string(kind, defaults.finding_labels[kind], choices=LABELS)
+        for kind in ("faces", "pii")
+    }
+    sens.done()
+    if [LEAVE_MODES.index(leave[label]) for label in LABELS] != sorted(
+        LEAVE_MODES.index(leave[label]) for label in LABELS
+    ):
+        raise sens.fail(
+            None,
+            "a more sensitive label may not leave the device more freely than a less sensitive one",
+        )
+    default_fields = fields.table("defaults", None)
+    default_placement = default_fields.string("placement", "either", choices=PLACEMENTS)
+    prefer = default_fields.string("prefer", "local", choices=["local", "cloud"])
+    default_fields.done()
+    models: dict[str, ModelRule] = {}
+    model_fields = fields.table("models", None)
+    for name in model_fields.names():
+        entry = model_fields.table(name)
+        rule = ModelRule(
+            placement=entry.string("placement", default_placement, choices=PLACEMENTS),
+            escalate_to=entry.string("escalate_to", None),
+            escalate_below=entry.number("escalate_below", None, minimum=0.0, maximum=1.0),
+        )
+        if (rule.escalate_to is None) != (rule.escalate_below is None):
+            raise entry.fail("escalate_to", "escalate_to and escalate_below go together")
+        if rule.escalate_to == name:
+            raise entry.fail("escalate_to", "a model cannot escalate to itself")
+        entry.done()
+        models[name] = rule
+    model_fields.done()
+    device = fields.table("device", None)
+    offload_when_throttled = device.boolean("offload_when_throttled", True)
+    max_cpu_load = device.number("max_cpu_load", 0.9, minimum=0.0)
+    local_when_critical = device.boolean("local_when_critical", False)
+    device.done()
+    deadline = fields.table("deadline", None)
+    margin = deadline.number("margin_ms", 2.0, minimum=0.0)
+    deadline.done()
+    fields.integer("version", 1, minimum=1)
+    fields.done()
+    return PolicyRules(
+        leave=leave,
+        default_label=default_label,
+        finding_labels=findings,
+        default_placement=default_placement,
+        prefer=prefer,
+        models=models,
+        offload_when_throttled=offload_when_throttled,
+        max_cpu_load=max_cpu_load,
+        local_when_critical=local_when_critical,
+        deadline_margin_ms=margin,
+        source=path,
+    )
+
+
+def load_policy(path: Path) -> PolicyRules:
+    """Load and validate a policy file.
+
+    Raises:
+        PolicyError: the file is missing or malformed, or a field is wrong.
+    """
+    return parse_policy(load_document(path, PolicyError), path)

@@ -1,0 +1,282 @@
+"""The agent end to end against a real gateway on loopback: privacy, escalation, fallback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from skimage import data
+
+from cloud_gateway import GatewayConfig, GatewayThread
+from cloud_gateway.repository import EmbeddedBackend, LoadedModel
+from edge_agent.agent import DEFAULT_POLICY, Agent
+from edge_agent.errors import OffloadError, PolicyRejected, PrivacyRefusal
+from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
+from edge_agent.package import ModelPackage, ModelRepository
+from edge_agent.policy import Action, load_policy
+from edge_agent.preprocess import image_to_tensor, tensor_to_image
+from edge_agent.privacy import FaceDetector, PrivacyInspector
+from edge_agent.profiles import ProfileStore
+from edge_agent.profiles.state import DeviceState
+from edge_agent.protocol.types import InferRequest
+from edge_agent.runtime import RuntimeOptions
+
+from .conftest import MODELS, PROFILES, GatewayHandle, start_gateway
+from .test_gateway import direct, metric
+
+RULES = load_policy(DEFAULT_POLICY)
+
+
+class RecordingBackend(EmbeddedBackend):
+    """The embedded backend, keeping what each model received (our own seam)."""
+
+    def __init__(self) -> None:
+        super().__init__(RuntimeOptions(threads=1, warmup=1))
+        self.received: dict[str, list[dict[str, np.ndarray]]] = {}
+        self.lock = threading.Lock()
+
+    def load(self, package: ModelPackage) -> LoadedModel:
+        model = super().load(package)
+        run = model.run
+
+        def recording(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with self.lock:
+                self.received.setdefault(package.name, []).append(
+                    {k: v.copy() for k, v in feed.items()}
+                )
+            return run(feed)
+
+        model.run = recording
+        return model
+
+
+@pytest.fixture(scope="module")
+def detector(fetched: ModelRepository) -> FaceDetector:
+    return FaceDetector(fetched)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, fetched: ModelRepository):  # type: ignore[no-untyped-def]
+    backend = RecordingBackend()
+    handle = start_gateway(
+        tmp_path_factory.mktemp("agent-gw"), MODELS, backend=backend, poll_interval_s=0.0
+    )
+    handle.backend = backend  # type: ignore[attr-defined]
+    yield handle
+    handle.thread.stop()
+
+
+def make_agent(
+    handle_or_address: Any,
+    token: str,
+    detector: FaceDetector | None,
+    *,
+    breaker: CircuitBreaker | None = None,
+) -> Agent:
+    repository = ModelRepository(MODELS)
+    inspector = PrivacyInspector(detector)
+    address = (
+        handle_or_address if isinstance(handle_or_address, str) else handle_or_address.grpc_url
+    )
+
+    def preprocessing(model: str) -> Any:
+        return repository.get(model).preprocessing
+
+    offload = OffloadClient(
+        make_transport("grpc", address, token=token),
+        guard=ExitGuard(inspector, RULES, preprocessing=preprocessing),
+        breaker=breaker or CircuitBreaker(),
+        retries=1,
+    )
+    return Agent(
+        profile=ProfileStore(PROFILES).get("generic-x86_64"),
+        repository=repository,
+        rules=RULES,
+        offload=offload,
+        inspector=inspector,
+        device_state=lambda: DeviceState(),
+    )
+
+
+def picture(name: str, fetched: ModelRepository) -> dict[str, np.ndarray]:
+    pre = fetched.get("ppocr-det").preprocessing
+    assert pre is not None
+    return {"x": image_to_tensor(cv2.cvtColor(getattr(data, name)(), cv2.COLOR_RGB2BGR), pre)}
+
+
+def test_a_sensitive_image_never_reaches_the_gateway(
+    served: GatewayHandle, fetched: ModelRepository, detector: FaceDetector
+) -> None:
+    agent = make_agent(served, served.device_token, detector)
+    before = metric(served, "gateway_requests_total", model="ppocr-det")
+    with pytest.raises(PolicyRejected, match="may_not_leave") as info:
+        agent.infer("ppocr-det", picture("coffee", fetched), label="sensitive")
+    assert info.value.decision.action == Action.REJECT  # type: ignore[attr-defined]
+    # defence in depth: even sent straight to the offload client, it does not leave
+    request = InferRequest(
+        inputs=picture("coffee", fetched), datatypes={"x": "FP32"}, model_name="ppocr-det"
+    )
+    assert agent.offload is not None
+    with pytest.raises(PrivacyRefusal):
+        agent.offload.infer(request, deadline=time.monotonic() + 5, label="sensitive")
+    with pytest.raises(PrivacyRefusal):  # faces, claimed "redacted" but not
+        agent.offload.infer(
+            InferRequest(
+                inputs=picture("astronaut", fetched),
+                datatypes={"x": "FP32"},
+                model_name="ppocr-det",
+            ),
+            deadline=time.monotonic() + 5,
+            label="personal",
+            redacted=True,
+        )
+    assert metric(served, "gateway_requests_total", model="ppocr-det") == before
+    assert agent.offload.guard.refusals == {"sensitive": 1, "still_identifiable": 1}
+    agent.close()
+
+
+def test_what_the_gateway_receives_of_a_redacted_image_shows_no_face(
+    served: GatewayHandle, fetched: ModelRepository, detector: FaceDetector
+) -> None:
+    agent = make_agent(served, served.device_token, detector)
+    inputs = picture("astronaut", fetched)
+    assert len(detector.detect(data.astronaut())) == 1
+    result = agent.infer("ppocr-det", inputs)
+    assert result.decision.action == Action.OFFLOAD_REDACTED and result.where == "cloud"
+    assert (
+        result.decision.label == "personal"
+        and result.findings is not None
+        and result.findings.face_count == 1
+    )
+    assert result.outputs["sigmoid_0.tmp_0"].shape == (1, 1, 512, 512)
+    received = served.backend.received["ppocr-det"][-1]["x"]  # type: ignore[attr-defined]
+    # rebuilt into a picture on the gateway's side: no face
+    view = tensor_to_image(received[0], fetched.get("ppocr-det").preprocessing)
+    assert view is not None
+    assert detector.detect(view.rgb) == []
+    # and the rest of the picture made it through
+    original = tensor_to_image(inputs["x"][0], fetched.get("ppocr-det").preprocessing)
+    assert original is not None
+    assert np.mean(np.all(view.rgb == original.rgb, axis=2)) > 0.85
+    agent.close()
+
+
+def low_and_high_confidence() -> tuple[np.ndarray, np.ndarray]:
+    from edge_agent.runtime import open_variant
+
+    package = ModelRepository(MODELS).get("digits-light")
+    session = open_variant(
+        package, package.variant("onnx-int8"), RuntimeOptions(threads=1, warmup=0)
+    )
+    x, _ = package.evaluation()
+    x = x.astype(np.float32)
+    confidence = session.run({"pixels": x})["probabilities"].max(axis=1)
+    return x[np.argmin(confidence)][None], x[np.argmax(confidence)][None]
+
+
+def test_a_low_confidence_input_is_escalated_to_the_heavy_model(
+    served: GatewayHandle, detector: FaceDetector
+) -> None:
+    agent = make_agent(served, served.device_token, detector)
+    low, high = low_and_high_confidence()
+    result = agent.infer("digits-light", {"pixels": low})
+    assert result.escalated and result.where == "cloud" and result.model == "digits-heavy"
+    assert (result.decision.action, result.decision.reason) == (Action.OFFLOAD, "low_confidence")
+    assert np.allclose(result.outputs["probabilities"], direct("digits-heavy", low), atol=1e-6)
+    sure = agent.infer("digits-light", {"pixels": high})
+    assert not sure.escalated and sure.where == "device" and sure.decision.reason == "prefer_local"
+    assert agent.counter.snapshot()[("OFFLOAD", "low_confidence")] == 1
+    agent.close()
+
+
+def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker(
+    tmp_path: Path, detector: FaceDetector
+) -> None:
+    handle = start_gateway(tmp_path, MODELS, poll_interval_s=0.0)
+    ports = {"http_port": handle.gateway.http_port, "grpc_port": handle.gateway.grpc_port}
+    agent = make_agent(
+        handle.grpc_url, handle.device_token, detector, breaker=CircuitBreaker(2, cooldown_s=0.5)
+    )
+    low, _ = low_and_high_confidence()
+    assert agent.infer("digits-light", {"pixels": low}).where == "cloud"
+    handle.thread.stop()
+    answers = []
+    for _ in range(4):
+        started = time.monotonic()
+        result = agent.infer("digits-light", {"pixels": low}, deadline_ms=300)
+        answers.append((result, time.monotonic() - started))
+    for result, seconds in answers:
+        assert result.degraded and result.where == "device" and result.model == "digits-light"
+        assert seconds < 0.35
+    assert [r.decision.action for r, _ in answers] == [Action.OFFLOAD] * 2 + [
+        Action.LOCAL_DEGRADED
+    ] * 2
+    assert [r.decision.reason for r, _ in answers][2:] == ["breaker_open", "breaker_open"]
+    assert agent.offload is not None and agent.offload.breaker.state == "open"
+    # the gateway comes back on the same ports
+    config = GatewayConfig(
+        repository=MODELS, state_dir=tmp_path / "state", poll_interval_s=0.0, **ports
+    )
+    again = GatewayThread(config)
+    try:
+        end = time.monotonic() + 15
+        while True:
+            time.sleep(0.6)  # past the cooldown: the next request is the probe
+            result = agent.infer("digits-light", {"pixels": low}, deadline_ms=2000)
+            if result.where == "cloud" or time.monotonic() > end:
+                break
+        assert result.where == "cloud" and result.escalated
+        assert agent.offload.breaker.state == "closed"
+    finally:
+        again.stop()
+        agent.close()
+
+
+def test_fallback_tiers_cache_then_error(
+    tmp_path: Path, fetched: ModelRepository, detector: FaceDetector
+) -> None:
+    handle = start_gateway(tmp_path, MODELS, poll_interval_s=0.0)
+    agent = make_agent(handle, handle.device_token, detector)
+    try:
+        coffee = picture("coffee", fetched)
+        first = agent.infer("ppocr-det", coffee)
+        assert first.where == "cloud" and not first.cached
+        digits = {"pixels": low_and_high_confidence()[1]}
+        heavy = agent.infer("digits-heavy", digits)
+        assert heavy.where == "cloud"
+    finally:
+        handle.thread.stop()
+    # the cloud is gone: the same picture is answered from the cache
+    again = agent.infer("ppocr-det", coffee, deadline_ms=500)
+    assert again.cached and again.where == "cache" and again.degraded
+    assert np.array_equal(again.outputs["sigmoid_0.tmp_0"], first.outputs["sigmoid_0.tmp_0"])
+    # a cloud-only model with a light stand-in: the light model answers, degraded
+    stand_in = agent.infer("digits-heavy", digits, deadline_ms=500)
+    assert stand_in.model == "digits-light" and stand_in.degraded and stand_in.where == "device"
+    # nothing can stand in for a new picture: a clear error, in time
+    started = time.monotonic()
+    with pytest.raises(OffloadError, match="no local model or cached answer for 'ppocr-det'"):
+        agent.infer("ppocr-det", picture("chelsea", fetched), deadline_ms=500)
+    assert time.monotonic() - started < 1.0
+    agent.close()
+
+
+def test_hybrid_benchmark_answers_everything_with_the_gateway_killed() -> None:
+    from edge_agent.bench.hybrid import run_hybrid
+
+    report = run_hybrid(ProfileStore(PROFILES).get("generic-x86_64"), MODELS)
+    setups = report["setups"]
+    assert (
+        setups["local-only"]["offloaded_share"] == 0
+        and setups["cloud-only"]["offloaded_share"] == 1
+    )
+    assert 0 < setups["hybrid"]["offloaded_share"] <= 0.25
+    assert setups["hybrid"]["accuracy"] >= setups["cloud-only"]["accuracy"] - 0.005
+    outage = report["gateway_killed_halfway"]
+    assert outage["errors"] == 0 and outage["answered"] == 360 and outage["degraded"] > 0
+    assert outage["max_ms"] < report["deadline_ms"] + 50

@@ -1,0 +1,216 @@
+"""The offload client: breaker and retries with a fake transport (our seam), and the
+real gRPC and HTTP transports against a real gateway."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.errors import (
+    BreakerOpen,
+    OffloadRejected,
+    OffloadTimeout,
+    OffloadUnavailable,
+)
+from edge_agent.offload import CircuitBreaker, OffloadClient, TLSSettings, Transport, make_transport
+from edge_agent.package import ModelRepository
+from edge_agent.protocol.types import InferRequest, InferResponse
+
+from .conftest import MODELS, GatewayHandle, start_gateway
+from .test_gateway import SlowBackend, direct, small_repository
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_breaker_opens_probes_and_closes() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures=3, cooldown_s=5.0, clock=clock)
+    for _ in range(2):
+        assert breaker.allow()
+        breaker.failure()
+    assert breaker.state == "closed"
+    breaker.failure()
+    assert breaker.state == "open" and breaker.is_open and not breaker.allow()
+    clock.now += 5.0
+    assert breaker.state == "half_open" and not breaker.is_open
+    assert breaker.allow()  # the probe
+    assert not breaker.allow()  # only one
+    breaker.failure()
+    assert breaker.state == "open"
+    clock.now += 5.0
+    assert breaker.allow()
+    breaker.success()
+    assert breaker.state == "closed" and breaker.opened == 2
+
+
+class FakeTransport(Transport):
+    """Fails with the queued errors, then answers; records the timeouts it was given."""
+
+    def __init__(self, clock: Clock, errors: list[Exception], cost: float = 0.001) -> None:
+        self.clock = clock
+        self.errors = list(errors)
+        self.cost = cost
+        self.timeouts: list[float] = []
+
+    def infer(
+        self, request: InferRequest, *, timeout: float, request_id: str = ""
+    ) -> InferResponse:
+        self.timeouts.append(timeout)
+        self.clock.now += self.cost
+        if self.errors:
+            raise self.errors.pop(0)
+        return InferResponse(request.model_name, "1", {"y": np.ones((1, 1), np.float32)})
+
+
+def make_request() -> InferRequest:
+    return InferRequest(
+        inputs={"x": np.zeros((1, 4), np.float32)}, datatypes={"x": "FP32"}, model_name="m"
+    )
+
+
+def client(transport: FakeTransport, clock: Clock, **kwargs: object) -> OffloadClient:
+    return OffloadClient(transport, clock=clock, sleep=clock.sleep, rng=random.Random(0), **kwargs)  # type: ignore[arg-type]
+
+
+def test_unavailable_is_retried_with_growing_jittered_pauses() -> None:
+    clock = Clock()
+    transport = FakeTransport(clock, [OffloadUnavailable("down"), OffloadUnavailable("down")])
+    offload = client(transport, clock, retries=2, backoff_s=0.01)
+    assert offload.infer(make_request(), deadline=1.0).outputs["y"].shape == (1, 1)
+    assert len(transport.timeouts) == 3 and offload.retried == 2
+    # each attempt got what was left of the deadline, shrinking by the pauses
+    assert transport.timeouts[0] == 1.0 and transport.timeouts[2] < transport.timeouts[1] < 1.0
+    assert offload.breaker.state == "closed"
+
+
+def test_retries_are_bounded_and_counted_by_the_breaker() -> None:
+    clock = Clock()
+    transport = FakeTransport(clock, [OffloadUnavailable("down")] * 10)
+    offload = client(transport, clock, retries=2, breaker=CircuitBreaker(failures=2, clock=clock))
+    with pytest.raises(OffloadUnavailable):
+        offload.infer(make_request(), deadline=1.0)
+    assert len(transport.timeouts) == 3
+    with pytest.raises(OffloadUnavailable):
+        offload.infer(make_request(), deadline=clock.now + 1.0)
+    assert offload.breaker.state == "open"
+    calls = len(transport.timeouts)
+    with pytest.raises(BreakerOpen):
+        offload.infer(make_request(), deadline=clock.now + 1.0)
+    assert len(transport.timeouts) == calls  # not even tried
+
+
+def test_timeouts_and_refusals_are_not_retried() -> None:
+    clock = Clock()
+    transport = FakeTransport(clock, [OffloadTimeout("slow"), OffloadRejected("bad", status="400")])
+    offload = client(transport, clock, retries=3)
+    with pytest.raises(OffloadTimeout):
+        offload.infer(make_request(), deadline=1.0)
+    with pytest.raises(OffloadRejected):
+        offload.infer(make_request(), deadline=clock.now + 1.0)
+    assert len(transport.timeouts) == 2
+    assert offload.breaker._failures == 0  # a refusal proves the link works
+
+
+def test_no_retry_past_the_deadline() -> None:
+    clock = Clock()
+    transport = FakeTransport(clock, [OffloadUnavailable("down")] * 5, cost=0.04)
+    offload = client(transport, clock, retries=5, backoff_s=0.05)
+    with pytest.raises(OffloadUnavailable):
+        offload.infer(make_request(), deadline=0.1)
+    assert clock.now <= 0.1 + 1e-9
+    with pytest.raises(OffloadTimeout, match="deadline passed before"):
+        offload.infer(make_request(), deadline=clock.now)
+
+
+# -- real transports against a real gateway -----------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_transports_match_a_direct_run(gateway: GatewayHandle, protocol: str) -> None:
+    address = gateway.grpc_url if protocol == "grpc" else gateway.http_url
+    transport = make_transport(protocol, address, token=gateway.device_token)
+    x = ModelRepository(MODELS).get("digits-heavy").evaluation()[0][:3].astype(np.float32)
+    request = InferRequest(
+        inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="digits-heavy", id="r1"
+    )
+    response = transport.infer(request, timeout=10, request_id="abc123")
+    assert np.allclose(response.outputs["probabilities"], direct("digits-heavy", x), atol=1e-6)
+    assert response.model_name == "digits-heavy" and response.id == "r1"
+    unknown = InferRequest(inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="nope")
+    with pytest.raises(OffloadRejected, match="unknown model 'nope'") as info:
+        transport.infer(unknown, timeout=10)
+    assert info.value.status in ("NOT_FOUND", "404")
+    forged = make_transport(protocol, address, token="cam-01.forged")
+    with pytest.raises(OffloadRejected, match="invalid token"):
+        forged.infer(request, timeout=10)
+    transport.close()
+    forged.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_transports_translate_unavailable_and_timeout(tmp_path: Path, protocol: str) -> None:
+
+    handle = start_gateway(
+        tmp_path, small_repository(tmp_path), backend=SlowBackend(0.5), poll_interval_s=0.0
+    )
+    try:
+        address = handle.grpc_url if protocol == "grpc" else handle.http_url
+        transport = make_transport(protocol, address, token=handle.device_token)
+        x = np.zeros((1, 64), np.float32)
+        request = InferRequest(
+            inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="digits-light"
+        )
+        started = time.monotonic()
+        with pytest.raises(OffloadTimeout):
+            transport.infer(request, timeout=0.1)
+        assert time.monotonic() - started < 0.4
+    finally:
+        handle.thread.stop()
+    with pytest.raises(OffloadUnavailable):
+        transport.infer(request, timeout=2)
+    transport.close()
+
+
+def test_grpc_transport_over_tls(tmp_path: Path) -> None:
+    from cloud_gateway.config import TLSConfig
+
+    from .test_gateway_tls import make_cert
+
+    ca = make_cert(tmp_path, "ca", None)
+    make_cert(tmp_path, "server", ca, server=True)
+    make_cert(tmp_path, "client", ca)
+    tls = TLSConfig(tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem", True)
+    handle = start_gateway(tmp_path, small_repository(tmp_path), tls=tls, poll_interval_s=0.0)
+    try:
+        settings = TLSSettings(
+            ca=tmp_path / "ca.pem", cert=tmp_path / "client.pem", key=tmp_path / "client.key"
+        )
+        for protocol, port in (
+            ("grpc", handle.gateway.grpc_port),
+            ("http", handle.gateway.http_port),
+        ):
+            transport = make_transport(
+                protocol, f"localhost:{port}", token=handle.device_token, tls=settings
+            )
+            request = InferRequest(
+                inputs={"pixels": np.zeros((1, 64), np.float32)},
+                datatypes={"pixels": "FP32"},
+                model_name="digits-light",
+            )
+            assert transport.infer(request, timeout=10).outputs["probabilities"].shape == (1, 10)
+            transport.close()
+    finally:
+        handle.thread.stop()

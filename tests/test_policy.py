@@ -1,0 +1,207 @@
+"""The offload policy: every rule and every decision, pure (no servers, no clock)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from edge_agent.agent import DEFAULT_POLICY
+from edge_agent.policy import (
+    Action,
+    DecisionCounter,
+    LatencyEstimate,
+    PolicyError,
+    RequestFacts,
+    decide,
+    load_policy,
+    parse_policy,
+)
+
+RULES = load_policy(DEFAULT_POLICY)
+
+
+def facts(model: str = "digits-light", **changes: object) -> RequestFacts:
+    return replace(RequestFacts(model=model), **changes)  # type: ignore[arg-type]
+
+
+def check(f: RequestFacts, action: Action, reason: str, model: str | None = None) -> None:
+    decision = decide(f, RULES)
+    assert (decision.action, decision.reason) == (action, reason), decision.message
+    assert decision.message
+    if model is not None:
+        assert decision.model == model
+
+
+def test_local_by_default_with_escalation_armed() -> None:
+    decision = decide(facts(), RULES)
+    assert decision.action == Action.LOCAL and decision.reason == "prefer_local"
+    assert (decision.escalate_to, decision.escalate_below) == ("digits-heavy", 0.9)
+    assert decision.label == "public"
+
+
+def test_escalation_on_low_confidence() -> None:
+    check(facts(local_confidence=0.97), Action.LOCAL, "confident")
+    check(facts(local_confidence=0.42), Action.OFFLOAD, "low_confidence", model="digits-heavy")
+    check(facts(local_confidence=0.42, label="personal"), Action.OFFLOAD_REDACTED, "low_confidence")
+    check(facts(local_confidence=0.42, label="sensitive"), Action.LOCAL, "stays_on_device")
+    check(facts(local_confidence=0.42, breaker_open=True), Action.LOCAL_DEGRADED, "breaker_open")
+    check(facts(local_confidence=0.42, gateway=False), Action.LOCAL, "no_gateway")
+    check(facts("ppocr-det", local_confidence=0.1), Action.LOCAL, "no_escalation")
+
+
+def test_sensitivity_labels() -> None:
+    check(facts("ppocr-det"), Action.OFFLOAD, "cloud_only")
+    check(facts("ppocr-det", label="personal"), Action.OFFLOAD_REDACTED, "cloud_only")
+    check(facts("ppocr-det", label="sensitive"), Action.REJECT, "may_not_leave")
+    check(facts(label="sensitive", throttled=True), Action.LOCAL, "stays_on_device")
+
+
+def test_findings_raise_the_label() -> None:
+    decision = decide(facts("ppocr-det", findings=frozenset({"faces"})), RULES)
+    assert decision.action == Action.OFFLOAD_REDACTED and decision.label == "personal"
+    assert "faces found" in decision.message
+    decision = decide(facts("ppocr-det", findings=frozenset({"pii"})), RULES)
+    assert decision.action == Action.REJECT and decision.label == "sensitive"
+    # a label never goes down: sensitive stays sensitive whatever is found
+    assert (
+        decide(facts("ppocr-det", label="sensitive", findings=frozenset({"faces"})), RULES).label
+        == "sensitive"
+    )
+
+
+def test_model_placement() -> None:
+    check(facts("face-detection-short-range"), Action.LOCAL, "device_only")
+    check(
+        facts("face-detection-short-range", on_device=False),
+        Action.REJECT,
+        "device_only_unavailable",
+    )
+    check(facts("some-model", on_device=False), Action.OFFLOAD, "not_on_device")
+    check(facts(fits_memory=False), Action.OFFLOAD, "exceeds_memory_budget")
+    check(facts("digits-heavy"), Action.OFFLOAD, "cloud_only")
+
+
+def test_deadline() -> None:
+    check(
+        facts(local_ms=80.0, remote_ms=20.0, deadline_ms=50.0),
+        Action.OFFLOAD,
+        "deadline_local_too_slow",
+    )
+    check(facts(local_ms=80.0, remote_ms=60.0, deadline_ms=50.0), Action.LOCAL, "prefer_local")
+    check(facts(local_ms=5.0, remote_ms=20.0, deadline_ms=50.0), Action.LOCAL, "prefer_local")
+    # a preference for the cloud yields when the cloud would miss the deadline
+    check(
+        facts(local_confidence=0.3, remote_ms=80.0, deadline_ms=50.0),
+        Action.LOCAL,
+        "deadline_remote_too_slow",
+    )
+    check(
+        facts(throttled=True, remote_ms=80.0, deadline_ms=50.0),
+        Action.LOCAL,
+        "deadline_remote_too_slow",
+    )
+    # the margin counts: 48 + 2 fits 50, 49 + 2 does not
+    check(
+        facts(local_ms=49.0, remote_ms=10.0, deadline_ms=50.0),
+        Action.OFFLOAD,
+        "deadline_local_too_slow",
+    )
+    check(facts(local_ms=48.0, remote_ms=10.0, deadline_ms=50.0), Action.LOCAL, "prefer_local")
+
+
+def test_device_state() -> None:
+    check(facts(throttled=True), Action.OFFLOAD, "thermal_throttled")
+    check(facts(critical=True), Action.OFFLOAD, "thermal_critical")
+    check(facts(critical=True, label="sensitive"), Action.REJECT, "may_not_leave")
+    check(facts(cpu_load=0.95), Action.OFFLOAD, "cpu_overloaded")
+    check(facts(cpu_load=0.5), Action.LOCAL, "prefer_local")
+    quiet = replace(RULES, offload_when_throttled=False)
+    assert decide(facts(throttled=True), quiet).action == Action.LOCAL
+    hot = replace(RULES, local_when_critical=True)
+    assert decide(facts(critical=True), hot).action == Action.LOCAL
+
+
+def test_link_state() -> None:
+    check(facts(throttled=True, online=False), Action.LOCAL_DEGRADED, "offline")
+    check(facts(throttled=True, breaker_open=True), Action.LOCAL_DEGRADED, "breaker_open")
+    check(facts("ppocr-det", breaker_open=True), Action.REJECT, "cloud_unreachable")
+    check(facts("ppocr-det", gateway=False), Action.REJECT, "no_gateway")
+    check(facts(throttled=True, gateway=False), Action.LOCAL, "no_gateway")
+
+
+def test_prefer_cloud() -> None:
+    cloudy = replace(RULES, prefer="cloud")
+    decision = decide(facts(), cloudy)
+    assert (decision.action, decision.reason) == (Action.OFFLOAD, "prefer_cloud")
+    assert decide(facts(remote_ms=90.0, deadline_ms=50.0), cloudy).action == Action.LOCAL
+
+
+def test_decisions_serialise() -> None:
+    data = decide(facts("ppocr-det", label="personal"), RULES).to_dict()
+    assert data["decision"] == "OFFLOAD_REDACTED" and data["reason"] == "cloud_only"
+    assert "only a redacted copy leaves" in data["explanation"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[sensitivity]\npersonal = "share"\n',
+            r"sensitivity.personal: expected one of 'free', 'redact', 'local', got 'share'",
+        ),
+        (
+            '[sensitivity]\npublic = "local"\nsensitive = "free"\n',
+            r"sensitivity: a more sensitive label may not leave",
+        ),
+        (
+            '[models.a]\nescalate_to = "b"\n',
+            r"models.a.escalate_to: escalate_to and escalate_below go together",
+        ),
+        (
+            '[models.a]\nescalate_to = "a"\nescalate_below = 0.5\n',
+            r"a model cannot escalate to itself",
+        ),
+        (
+            '[models.a]\nescalate_to = "b"\nescalate_below = 1.5\n',
+            r"models.a.escalate_below: expected a number >= 0.0 and <= 1.0",
+        ),
+        (
+            '[models.a]\nplacement = "edge"\n',
+            r"models.a.placement: expected one of 'device', 'cloud', 'either'",
+        ),
+        ("[device]\nmax_load = 1\n", r"device.max_load: unknown field"),
+        ("[deadline\n", r"invalid TOML"),
+    ],
+)
+def test_policy_file_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError, match=message) as info:
+        load_policy(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_empty_policy_has_safe_defaults() -> None:
+    rules = parse_policy({})
+    assert rules.leave_mode("sensitive") == "local" and rules.leave_mode("personal") == "redact"
+    assert rules.effective_label(None, {"faces"}) == "personal"
+
+
+def test_estimates_and_counts() -> None:
+    estimate = LatencyEstimate(alpha=0.5)
+    estimate.observe(10.0)
+    estimate.observe(20.0)
+    assert estimate.value == 15.0 and estimate.count == 2
+    counter = DecisionCounter()
+    counter.count(decide(facts(), RULES))
+    counter.count(decide(facts(throttled=True), RULES))
+    counter.count(decide(facts(throttled=True), RULES))
+    assert counter.snapshot() == {("LOCAL", "prefer_local"): 1, ("OFFLOAD", "thermal_throttled"): 2}
+    assert counter.total(Action.OFFLOAD) == 2
