@@ -1,9 +1,17 @@
 """The ``cloud-gateway`` command line.
 
     cloud-gateway serve --repository DIR [--host H] [--http-port P] [--grpc-port P] [--config FILE]
-    cloud-gateway device add DEVICE_ID --group GROUP [--admin] [--replace]
+    cloud-gateway device add DEVICE_ID --group GROUP [--admin] [--replace] [--bundle FILE]
     cloud-gateway device revoke DEVICE_ID
     cloud-gateway device list
+    cloud-gateway keys init --dir DIR
+    cloud-gateway keys rotate --dir DIR --role ROLE --repository OTA_DIR
+    cloud-gateway models publish --repository OTA_DIR --keys DIR --name N --version V --file MODEL
+                                 [--group G ...] [--profile P ...]
+    cloud-gateway ota refresh --repository OTA_DIR --keys DIR
+    cloud-gateway rollout start --name N --version V --group G --percent P
+    cloud-gateway rollout status [--name N]
+    cloud-gateway rollout pause|resume|abort --name N [--version V] [--group G]
     cloud-gateway bench [--json FILE] [--chart FILE]
 
 Errors exit 1 with one line on stderr (``--debug`` adds the traceback).
@@ -18,6 +26,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import GatewayConfig, load_config
@@ -56,7 +65,24 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state_dir(args: argparse.Namespace) -> Path:
+    if args.config is not None:
+        return load_config(args.config, repository=Path(".")).state_dir
+    return Path(args.state_dir or GatewayConfig(repository=Path(".")).state_dir)
+
+
+def _ota_dir(args: argparse.Namespace) -> Path | None:
+    if getattr(args, "repository", None) is not None:
+        return Path(args.repository)
+    if args.config is not None:
+        return load_config(args.config, repository=Path(".")).ota_repository
+    return None
+
+
 def _device_add(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.groups import GroupKeys, write_bundle
+    from cloud_gateway.ota.publish import OtaRepository
+
     registry = _registry(args)
     try:
         token = registry.add(
@@ -68,9 +94,139 @@ def _device_add(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise EdgeError(str(exc)) from None
     print(f"device {args.device_id} (group {args.group}) added to {registry.path}", file=sys.stderr)
+    state = _state_dir(args)
+    private, _ = GroupKeys(state).ensure(args.group)
+    ota = _ota_dir(args)
+    has_root = ota is not None and (ota / "metadata" / "root.json").is_file()
+    root = OtaRepository(ota).root_bytes() if ota is not None and has_root else None
+    bundle = args.bundle or state / "bundles" / f"{args.device_id}.json"
+    write_bundle(
+        bundle,
+        device_id=args.device_id,
+        group=args.group,
+        token=token,
+        group_private=private,
+        trusted_root=root,
+        gateway=args.gateway,
+    )
+    note = "" if root else " (no OTA repository yet: no trusted root in it)"
+    print(
+        f"enrollment bundle (token, group key, trusted root; mode 0600): {bundle}{note}",
+        file=sys.stderr,
+    )
     print("its token, shown only this once (the gateway stores a hash):", file=sys.stderr)
     print(token)
     return 0
+
+
+def _keys_init(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.keys import KeyStore
+
+    KeyStore(args.dir).init(force=args.force)
+    print(f"signing keys for root, targets, snapshot and timestamp in {args.dir} (private 0600)")
+    return 0
+
+
+def _keys_rotate(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.keys import KeyStore
+    from cloud_gateway.ota.publish import OtaRepository
+
+    version = OtaRepository(args.repository, KeyStore(args.dir)).rotate(args.role)
+    print(f"new {args.role} key; root metadata version {version} names it")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.groups import GroupKeys
+    from cloud_gateway.ota.keys import KeyStore
+    from cloud_gateway.ota.publish import OtaRepository
+
+    repository = OtaRepository(args.repository, KeyStore(args.keys))
+    if not repository.initialized():
+        repository.init()
+        print(f"initialised the OTA repository in {args.repository}", file=sys.stderr)
+    keys = GroupKeys(_state_dir(args))
+    try:
+        groups = {group: keys.public(group) for group in args.group}
+    except KeyError as exc:
+        raise EdgeError(str(exc.args[0])) from None
+    result = repository.publish(
+        name=args.name,
+        version=args.version,
+        model_file=args.file,
+        groups=groups,
+        profiles=args.profile or [],
+    )
+    print(
+        f"published {result.name} v{result.version}: {result.length} bytes "
+        f"(sha256 {result.sha256[:16]}...) for {', '.join(result.groups)}; "
+        f"targets metadata v{result.targets_version}"
+    )
+    return 0
+
+
+def _ota_refresh(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.keys import KeyStore
+    from cloud_gateway.ota.publish import OtaRepository
+
+    OtaRepository(args.repository, KeyStore(args.keys)).refresh_timestamp()
+    print("new timestamp metadata")
+    return 0
+
+
+def _rollouts(args: argparse.Namespace) -> Any:
+    from cloud_gateway.ota.rollouts import RolloutStore
+
+    return RolloutStore(_state_dir(args) / "rollouts.sqlite")
+
+
+def _rollout_start(args: argparse.Namespace) -> int:
+    store = _rollouts(args)
+    try:
+        rollout = store.start(
+            args.name,
+            args.version,
+            args.group,
+            args.percent,
+            failure_threshold=args.failure_threshold,
+        )
+    except ValueError as exc:
+        raise EdgeError(str(exc)) from None
+    print(
+        f"rollout of {rollout.name} v{rollout.version} to {rollout.percent:g}% of "
+        f"{rollout.group}: {rollout.state}"
+    )
+    return 0
+
+
+def _rollout_status(args: argparse.Namespace) -> int:
+    store = _rollouts(args)
+    rollouts = store.all(args.name)
+    if not rollouts:
+        print("no rollouts")
+    for r in rollouts:
+        stats = store.stats(r.name, r.version)
+        reason = f"  ({r.reason})" if r.reason else ""
+        print(
+            f"{r.name:20} v{r.version:<4} {r.group:16} {r.percent:5g}%  {r.state:8} "
+            f"installed {stats['installed']}, failed {stats['failed']}{reason}"
+        )
+    return 0
+
+
+def _rollout_state(state: str) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            changed = _rollouts(args).set_state(
+                args.name, args.version, args.group, state, f"set to {state} by an operator"
+            )
+        except KeyError as exc:
+            raise EdgeError(str(exc.args[0])) from None
+        for r in changed:
+            print(f"rollout of {r.name} v{r.version} to {r.group}: {r.state}")
+        return 0
+
+    return run
 
 
 def _device_revoke(args: argparse.Namespace) -> int:
@@ -122,12 +278,79 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument(
         "--replace", action="store_true", help="issue a new token for an existing device"
     )
+    add.add_argument("--bundle", type=Path, help="where to write the enrollment bundle")
+    add.add_argument(
+        "--repository", type=Path, help="the OTA repository (its root goes in the bundle)"
+    )
+    add.add_argument("--gateway", help="the gateway's URL, recorded in the bundle")
     add.set_defaults(run=_device_add)
     revoke = device_commands.add_parser("revoke", help="revoke a device's token")
     revoke.add_argument("device_id")
     revoke.set_defaults(run=_device_revoke)
     listing = device_commands.add_parser("list", help="list devices")
     listing.set_defaults(run=_device_list)
+
+    keys = commands.add_parser("keys", help="the update metadata's signing keys")
+    key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    keys_init = key_commands.add_parser("init", help="create Ed25519 keys for the four roles")
+    keys_init.add_argument("--dir", type=Path, required=True)
+    keys_init.add_argument("--force", action="store_true", help="overwrite existing keys")
+    keys_init.set_defaults(run=_keys_init)
+    rotate = key_commands.add_parser("rotate", help="replace a role's key (a new root names it)")
+    rotate.add_argument("--dir", type=Path, required=True)
+    rotate.add_argument(
+        "--role", required=True, choices=["root", "targets", "snapshot", "timestamp"]
+    )
+    rotate.add_argument("--repository", type=Path, required=True, help="the OTA repository")
+    rotate.set_defaults(run=_keys_rotate)
+
+    models = commands.add_parser("models", help="publish models over the air")
+    model_commands = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    publish = model_commands.add_parser("publish", help="encrypt, sign and publish a model version")
+    publish.add_argument("--repository", type=Path, required=True, help="the OTA repository")
+    publish.add_argument("--keys", type=Path, required=True, help="the signing keys")
+    publish.add_argument("--name", required=True)
+    publish.add_argument("--version", type=int, required=True)
+    publish.add_argument(
+        "--file", type=Path, required=True, help="a variant file in a model package"
+    )
+    publish.add_argument(
+        "--group", action="append", required=True, help="a target group (repeatable)"
+    )
+    publish.add_argument("--profile", action="append", help="a target device profile (repeatable)")
+    publish.set_defaults(run=_publish)
+
+    ota = commands.add_parser("ota", help="the OTA repository")
+    ota_commands = ota.add_subparsers(dest="ota_command", metavar="ACTION", required=True)
+    refresh = ota_commands.add_parser(
+        "refresh", help="sign a new timestamp before the last expires"
+    )
+    refresh.add_argument("--repository", type=Path, required=True)
+    refresh.add_argument("--keys", type=Path, required=True)
+    refresh.set_defaults(run=_ota_refresh)
+
+    rollout = commands.add_parser("rollout", help="staged rollouts of published models")
+    rollout_commands = rollout.add_subparsers(
+        dest="rollout_command", metavar="ACTION", required=True
+    )
+    start = rollout_commands.add_parser("start", help="deploy a version to a share of a group")
+    start.add_argument("--name", required=True)
+    start.add_argument("--version", type=int, required=True)
+    start.add_argument("--group", required=True)
+    start.add_argument("--percent", type=float, required=True)
+    start.add_argument(
+        "--failure-threshold", type=float, default=0.2, help="failed share that pauses it"
+    )
+    start.set_defaults(run=_rollout_start)
+    status = rollout_commands.add_parser("status", help="rollouts and their reports")
+    status.add_argument("--name")
+    status.set_defaults(run=_rollout_status)
+    for action, state in (("pause", "paused"), ("resume", "active"), ("abort", "aborted")):
+        command = rollout_commands.add_parser(action, help=f"{action} rollouts of a model")
+        command.add_argument("--name", required=True)
+        command.add_argument("--version", type=int)
+        command.add_argument("--group")
+        command.set_defaults(run=_rollout_state(state))
 
     bench = commands.add_parser("bench", help="throughput and latency under concurrent load")
     bench.add_argument("--model", default="digits-heavy")

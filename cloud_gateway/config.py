@@ -6,7 +6,8 @@ A TOML file (every field optional; command-line flags override it)::
     http_port = 8000
     grpc_port = 8001
     repository = "models"            # relative paths are relative to this file
-    state_dir = "gateway-state"      # devices.json (hashed tokens) and later OTA state
+    state_dir = "gateway-state"      # devices.json (hashed tokens), group keys, rollouts
+    ota_repository = "ota"           # the signed update repository served to devices
     poll_interval_s = 2.0            # how often the repository is checked for changes
     max_body_bytes = 67108864        # larger requests: 413 / RESOURCE_EXHAUSTED
     workers = 2                      # inference threads
@@ -101,6 +102,7 @@ class GatewayConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     model_batching: dict[str, BatchingConfig] = field(default_factory=dict)
     metrics_public: bool = True
+    ota_repository: Path | None = None
     source: Path | None = None
 
     @property
@@ -189,6 +191,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
         model_batching[name] = _batching(model.table("batching", None), batching)
         model.done()
     models.done()
+    ota_repository = fields.string("ota_repository", None)
     metrics = fields.table("metrics", None)
     metrics_public = metrics.boolean("public", True)
     metrics.done()
@@ -211,6 +214,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
         batching=batching,
         model_batching=model_batching,
         metrics_public=metrics_public,
+        ota_repository=resolve(ota_repository) if ota_repository else None,
         source=path,
     )
     fields.done()

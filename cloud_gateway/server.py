@@ -25,6 +25,8 @@ from cloud_gateway.config import GatewayConfig
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.grpc.servicer import InferenceServicer, add_to_server
 from cloud_gateway.metrics import GatewayMetrics
+from cloud_gateway.ota.rollouts import RolloutStore
+from cloud_gateway.ota.service import OtaService
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
 from cloud_gateway.rest.app import create_app
 
@@ -53,7 +55,12 @@ class Gateway:
         backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
         self.repository = ServingRepository(config.repository, backend)
         self.plane = DataPlane(config, self.repository, self.registry, self.metrics)
-        self.app = create_app(self.plane)
+        self.ota: OtaService | None = None
+        if config.ota_repository is not None:
+            self.ota = OtaService(
+                config.ota_repository, RolloutStore(config.state_dir / "rollouts.sqlite")
+            )
+        self.app = create_app(self.plane, self.ota)
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
         self._http: uvicorn.Server | None = None
@@ -147,6 +154,8 @@ class Gateway:
         if self._grpc is not None:
             await self._grpc.stop(grace=5)
         await self.plane.close()
+        if self.ota is not None:
+            self.ota.rollouts.close()
 
     async def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully."""

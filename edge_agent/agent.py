@@ -2,18 +2,25 @@
 
 ``agent.infer(model, inputs, label=..., deadline_ms=...)`` does, per request:
 
-1. inspect the inputs (faces in pictures, personal data in text);
-2. gather the facts (can the device run the model and does it fit; latency
+1. gather the facts (can the device run the model and does it fit; latency
    estimates; the time left; heat and load; link and breaker state) and ask
    the pure policy (:func:`edge_agent.policy.decide`) where to run;
+2. when the answer would leave the device, inspect the inputs first (faces in
+   pictures, personal data in text) and ask again with the findings (findings
+   only ever make a request stricter, so a request that stays here needs no
+   inspection);
 3. run it: locally (and, for a model that escalates, ask the policy again
    with the local answer's confidence); or offload (a redacted copy when the
    label says so), through the exit guard;
 4. when the cloud fails (timeout, unreachable, breaker open), fall back in
-   tiers (from the seed documents): the local model, marked ``degraded``; a
+   tiers (from the seed documents): a local model, marked ``degraded``; a
    cached answer for the same input, marked ``cached``; else a clear error.
    Never past the deadline: an offload gets the time left minus what the
    local fallback needs.
+
+Models come from a :class:`ModelSource`: the models installed over the air
+(decrypted into memory) before the bundled ones. :meth:`Agent.reload` swaps a
+model in without failing the requests running on the old one.
 """
 
 from __future__ import annotations
@@ -24,16 +31,16 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from edge_agent.config import AgentConfig
 from edge_agent.errors import (
     EdgeError,
+    InputError,
     ModelNotFoundError,
     NoVariantError,
     OffloadError,
@@ -41,8 +48,9 @@ from edge_agent.errors import (
     PrivacyRefusal,
 )
 from edge_agent.offload.client import OffloadClient
-from edge_agent.package import ModelPackage, ModelRepository, Variant
+from edge_agent.package import ModelPackage, Variant
 from edge_agent.policy import (
+    LABELS,
     Action,
     Decision,
     DecisionCounter,
@@ -59,7 +67,14 @@ from edge_agent.runtime import Session, open_best, rank_variants
 from edge_agent.runtime.selection import installed_formats
 from edge_agent.tensors import datatype_of
 
-__all__ = ["DEFAULT_POLICY", "Agent", "AgentResult", "ResultCache", "create_agent"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "Agent",
+    "AgentResult",
+    "LayeredSource",
+    "ModelSource",
+    "ResultCache",
+]
 
 DEFAULT_POLICY = Path(__file__).resolve().parent / "policy" / "default.toml"
 
@@ -68,6 +83,32 @@ log = logging.getLogger(__name__)
 Array = np.ndarray[Any, Any]
 # A loaded model holds about its file's size once more in the runtime's own structures.
 MEMORY_FACTOR = 2.0
+# What the local fallback is assumed to need before it has been timed.
+UNTIMED_LOCAL_MS = 50.0
+
+
+class ModelSource(Protocol):
+    """Where the agent's models come from."""
+
+    def get(self, name: str) -> ModelPackage:
+        """The package to run for ``name``. Raises ``ModelNotFoundError``."""
+        ...
+
+
+class LayeredSource:
+    """The first source that has a model: e.g. updates installed over the air, then
+    the bundled models."""
+
+    def __init__(self, sources: Sequence[ModelSource]) -> None:
+        self.sources = list(sources)
+
+    def get(self, name: str) -> ModelPackage:
+        for source in self.sources:
+            try:
+                return source.get(name)
+            except ModelNotFoundError:
+                continue
+        raise ModelNotFoundError(f"unknown model {name!r}")
 
 
 @dataclass
@@ -81,6 +122,7 @@ class AgentResult:
     latency_ms: float
     request_id: str
     variant: str | None = None
+    version: int | None = None
     degraded: bool = False
     cached: bool = False
     escalated: bool = False
@@ -90,6 +132,7 @@ class AgentResult:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model": self.model,
+            "version": self.version,
             "where": self.where,
             "variant": self.variant,
             "degraded": self.degraded,
@@ -144,6 +187,7 @@ class ResultCache:
 
 @dataclass
 class _Local:
+    package: ModelPackage
     variant: Variant
     session: Session
     estimate: LatencyEstimate = field(default_factory=LatencyEstimate)
@@ -156,7 +200,7 @@ class Agent:
         self,
         *,
         profile: DeviceProfile,
-        repository: ModelRepository,
+        repository: ModelSource,
         rules: PolicyRules,
         offload: OffloadClient | None = None,
         inspector: PrivacyInspector | None = None,
@@ -177,7 +221,9 @@ class Agent:
         self._device_state = device_state or (lambda: read_device_state(profile, root))
         self._clock = clock
         self._local: dict[str, _Local] = {}
-        self._local_lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._packages: dict[str, ModelPackage | None] = {}
         self._remote: dict[str, LatencyEstimate] = {}
         self.degraded = 0
         self.cached_answers = 0
@@ -185,8 +231,23 @@ class Agent:
     # -- models on the device ------------------------------------------------------------
 
     def package(self, model: str) -> ModelPackage | None:
-        """The newest package of ``model`` in the device's repository, if any."""
-        return _maybe_package(self.repository, model)
+        """The package of ``model`` the agent serves (cached; ``None``: not on the device).
+
+        The cached copy carries the manifest only: a package decrypted into
+        memory does not stay there twice.
+        """
+        with self._lock:
+            if model in self._packages:
+                return self._packages[model]
+        try:
+            package: ModelPackage | None = self.repository.get(model)
+        except ModelNotFoundError:
+            package = None
+        if package is not None and package.contents is not None:
+            package = replace(package, contents={})
+        with self._lock:
+            self._packages[model] = package
+        return package
 
     def _best_variant(self, package: ModelPackage) -> Variant | None:
         try:
@@ -208,41 +269,92 @@ class Agent:
         needed = variant.size * MEMORY_FACTOR
         return used + needed <= self.profile.memory_budget_mb * 1024 * 1024
 
+    def _load(self, package: ModelPackage) -> _Local:
+        variant, session = open_best(
+            package,
+            self.profile.runtime,
+            precisions=self.profile.precisions,
+            formats=self.profile.formats,
+            profile_name=f"profile {self.profile.id}",
+        )
+        local = _Local(
+            replace(package, contents={}) if package.contents else package, variant, session
+        )
+        zeros = {
+            spec.name: np.zeros([d if d > 0 else 1 for d in spec.shape], spec.dtype)
+            for spec in session.inputs
+        }
+        self._run_local(local, zeros)  # a first timing, for the deadline arithmetic
+        return local
+
     def local_model(self, model: str) -> _Local:
         """The loaded local model (loaded and warmed up on first use).
+
+        Loading one model does not hold up requests for the others.
 
         Raises:
             ModelNotFoundError, NoVariantError: the device cannot run it.
         """
-        with self._local_lock:
+        local = self._local.get(model)
+        if local is not None:
+            return local
+        with self._lock:
+            lock = self._loading.setdefault(model, threading.Lock())
+        with lock:
             local = self._local.get(model)
             if local is None:
-                package = self.repository.get(model)
-                variant, session = open_best(
-                    package,
-                    self.profile.runtime,
-                    precisions=self.profile.precisions,
-                    formats=self.profile.formats,
-                    profile_name=f"profile {self.profile.id}",
-                )
-                local = self._local[model] = _Local(variant, session)
+                local = self._local[model] = self._load(self.repository.get(model))
             return local
+
+    def reload(self, model: str, package: ModelPackage | None = None) -> None:
+        """Swap in a new version of ``model`` (e.g. just installed over the air).
+
+        The new version is loaded and warmed up first; requests already running
+        finish on the old one, which is then dropped. Nothing fails meanwhile.
+        """
+        fresh = self._load(package or self.repository.get(model))
+        with self._lock:
+            self._packages[model] = fresh.package
+            self._local[model] = fresh
+        log.info("now serving %s (%s)", fresh.package.qualified_name, fresh.variant.id)
 
     def backend_of(self, model: str) -> str | None:
         local = self._local.get(model)
         return local.session.backend if local is not None else None
+
+    def _stand_ins(self, model: str) -> list[str]:
+        """Local models that can answer for ``model`` when the cloud cannot: the
+        model itself where it may run here, else the light model escalating to it."""
+        names = [model] if self.rules.rule(model).placement != "cloud" else []
+        names += sorted(
+            name
+            for name, rule in self.rules.models.items()
+            if rule.escalate_to == model and rule.placement != "cloud"
+        )
+        return [name for name in names if self.package(name) is not None]
+
+    def _reserve(self, model: str) -> float:
+        """Seconds to keep for the local fallback of ``model`` (it is loaded now if need be)."""
+        for name in self._stand_ins(model):
+            try:
+                local = self.local_model(name)
+            except EdgeError:
+                continue
+            return (local.estimate.value or UNTIMED_LOCAL_MS) / 1000
+        return 0.0
 
     # -- the decision --------------------------------------------------------------------
 
     def _facts(
         self,
         model: str,
-        package: ModelPackage | None,
         label: str | None,
         findings: Findings,
         deadline: float,
         state: DeviceState,
+        confidence: float | None = None,
     ) -> RequestFacts:
+        package = self.package(model)
         variant = self._best_variant(package) if package is not None else None
         local = self._local.get(model)
         remote = self._remote.get(model)
@@ -260,7 +372,13 @@ class Agent:
             cpu_load=state.cpu_load,
             gateway=self.offload is not None,
             breaker_open=self.offload is not None and self.offload.breaker.is_open,
+            local_confidence=confidence,
         )
+
+    @staticmethod
+    def _check_label(label: str | None) -> None:
+        if label is not None and label not in LABELS:
+            raise InputError(f"unknown label {label!r}; expected one of {', '.join(LABELS)}")
 
     def explain(
         self,
@@ -271,12 +389,35 @@ class Agent:
         deadline_ms: float | None = None,
     ) -> tuple[Decision, Findings]:
         """The decision for this request and the findings behind it, without running a model."""
+        self._check_label(label)
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         package = self.package(model)
         findings = self.inspector.inspect(arrays, package.preprocessing if package else None)
         deadline = self._clock() + (deadline_ms or self.deadline_ms) / 1000
-        facts = self._facts(model, package, label, findings, deadline, self._device_state())
+        facts = self._facts(model, label, findings, deadline, self._device_state())
         return decide(facts, self.rules), findings
+
+    def _decide(
+        self,
+        model: str,
+        arrays: dict[str, Array],
+        label: str | None,
+        deadline: float,
+        state: DeviceState,
+        confidence: float | None = None,
+    ) -> tuple[Decision, Findings]:
+        """Decide without looking into the data; if the data would leave, look, decide again."""
+        findings = Findings()
+        decision = decide(
+            self._facts(model, label, findings, deadline, state, confidence), self.rules
+        )
+        if decision.leaves_device:
+            package = self.package(decision.model) or self.package(model)
+            findings = self.inspector.inspect(arrays, package.preprocessing if package else None)
+            if findings.kinds:
+                facts = self._facts(model, label, findings, deadline, state, confidence)
+                decision = decide(facts, self.rules)
+        return decision, findings
 
     # -- requests ------------------------------------------------------------------------
 
@@ -293,20 +434,16 @@ class Agent:
 
         Raises:
             PolicyRejected: the policy refuses it (the decision says why).
-            InputError: the inputs do not fit the model.
+            InputError: the inputs do not fit the model, or the label is unknown.
             OffloadError: the cloud failed and no fallback could answer.
         """
         started = self._clock()
+        self._check_label(label)
         request_id = request_id or uuid.uuid4().hex
         deadline = started + (deadline_ms or self.deadline_ms) / 1000
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
-        package = self.package(model)
-        pre = package.preprocessing if package is not None else None
-        findings = self.inspector.inspect(arrays, pre)
-        decision = decide(
-            self._facts(model, package, label, findings, deadline, self._device_state()),
-            self.rules,
-        )
+        state = self._device_state()
+        decision, findings = self._decide(model, arrays, label, deadline, state)
         self.counter.count(decision)
         log.debug(
             "request %s for %s: %s (%s)", request_id, model, decision.action.value, decision.reason
@@ -316,6 +453,7 @@ class Agent:
             outputs: dict[str, Array], where: str, answered_by: str, **extra: Any
         ) -> AgentResult:
             self.cache.put(ResultCache.key(answered_by, arrays), outputs)
+            package = self.package(answered_by)
             return AgentResult(
                 model=answered_by,
                 outputs=outputs,
@@ -323,6 +461,7 @@ class Agent:
                 where=where,
                 latency_ms=(self._clock() - started) * 1000,
                 request_id=request_id,
+                version=package.version if package is not None else None,
                 findings=findings,
                 **extra,
             )
@@ -335,34 +474,42 @@ class Agent:
             degraded = decision.action == Action.LOCAL_DEGRADED
             if degraded:
                 self.degraded += 1
-            if decision.escalate_to is not None and not degraded:
-                escalated = self._escalate(
-                    decision, arrays, outputs, findings, label, deadline, local, request_id
-                )
-                if escalated is not None:
-                    second, answer, error = escalated
+            elif decision.escalate_to is not None:
+                scores = next(iter(outputs.values()))
+                confidence = float(np.min(np.max(scores.reshape(len(scores), -1), axis=-1)))
+                second, findings = self._decide(model, arrays, label, deadline, state, confidence)
+                if second.action == Action.LOCAL_DEGRADED or second.leaves_device:
                     decision = second
                     self.counter.count(second)
-                    if answer is not None:
+                if second.leaves_device:
+                    try:
+                        answer = self._offload(
+                            second, arrays, findings, label, deadline, request_id
+                        )
                         return result(answer, "cloud", second.model, escalated=True)
+                    except PrivacyRefusal:
+                        raise
+                    except OffloadError as exc:
+                        degraded, error = True, str(exc)
+                        self.degraded += 1
+                        return result(
+                            outputs,
+                            "device",
+                            model,
+                            variant=local.variant.id,
+                            degraded=True,
+                            error=error,
+                        )
+                if second.action == Action.LOCAL_DEGRADED:
                     self.degraded += 1
-                    return result(
-                        outputs,
-                        "device",
-                        model,
-                        variant=local.variant.id,
-                        degraded=True,
-                        error=error,
-                    )
-                # confident, or the data may not leave: the local answer stands
+                    degraded = True
             return result(outputs, "device", model, variant=local.variant.id, degraded=degraded)
 
         # OFFLOAD or OFFLOAD_REDACTED
         try:
-            fallback = self._local.get(model) if self.package(model) is not None else None
-            reserve = (fallback.estimate.value or 0.0) / 1000 if fallback is not None else 0.0
+            reserve = self._reserve(model)
             outputs = self._offload(
-                decision, arrays, findings, label, deadline - reserve, request_id, pre
+                decision, arrays, findings, label, deadline - reserve, request_id
             )
             return result(outputs, "cloud", decision.model)
         except PrivacyRefusal:
@@ -376,47 +523,7 @@ class Agent:
         local.estimate.observe((self._clock() - started) * 1000)
         return outputs
 
-    def _escalate(
-        self,
-        first: Decision,
-        arrays: dict[str, Array],
-        outputs: dict[str, Array],
-        findings: Findings,
-        label: str | None,
-        deadline: float,
-        local: _Local,
-        request_id: str,
-    ) -> tuple[Decision, dict[str, Array] | None, str | None] | None:
-        """Ask again with the local answer's confidence; offload when it says so.
-
-        Returns ``None`` when the local answer stands, else the second decision
-        with the cloud's answer (or ``None`` and why, when the cloud failed).
-        """
-        scores = next(iter(outputs.values()))
-        confidence = float(np.min(np.max(scores.reshape(len(scores), -1), axis=-1)))
-        package = self.package(first.model)
-        facts = self._facts(first.model, package, label, findings, deadline, self._device_state())
-        second = decide(RequestFacts(**{**vars(facts), "local_confidence": confidence}), self.rules)
-        if second.action == Action.LOCAL_DEGRADED:
-            return second, None, second.message  # wanted the cloud, cannot reach it
-        if not second.leaves_device:
-            return None
-        target = self.package(second.model)
-        try:
-            answer = self._offload(
-                second,
-                arrays,
-                findings,
-                label,
-                deadline,
-                request_id,
-                target.preprocessing if target else None,
-            )
-        except OffloadError as exc:
-            return second, None, str(exc)
-        return second, answer, None
-
-    def _offload(  # the deadline leaves the local fallback the time it needs
+    def _offload(
         self,
         decision: Decision,
         arrays: dict[str, Array],
@@ -424,13 +531,15 @@ class Agent:
         label: str | None,
         deadline: float,
         request_id: str,
-        pre: Any,
     ) -> dict[str, Array]:
         if self.offload is None:
             raise OffloadError("no gateway is configured")
         redacted = decision.action == Action.OFFLOAD_REDACTED
         if redacted:
-            arrays, after = self.inspector.redact(arrays, findings, pre)
+            package = self.package(decision.model)
+            arrays, after = self.inspector.redact(
+                arrays, findings, package.preprocessing if package else None
+            )
             if after.kinds:
                 raise PrivacyRefusal(
                     f"redaction left {', '.join(sorted(after.kinds))} identifiable; not sent"
@@ -443,11 +552,7 @@ class Agent:
         )
         started = self._clock()
         response = self.offload.infer(
-            request,
-            deadline=deadline,
-            label=label,
-            redacted=redacted,
-            request_id=request_id,
+            request, deadline=deadline, label=label, redacted=redacted, request_id=request_id
         )
         self._remote.setdefault(decision.model, LatencyEstimate()).observe(
             (self._clock() - started) * 1000
@@ -464,20 +569,8 @@ class Agent:
         request_id: str,
         findings: Findings,
     ) -> AgentResult:
-        """The cloud failed: a local model, else a cached answer, else the error.
-
-        The local stand-in is the model itself when it may run here, else the
-        light model that escalates to it (``escalate_to`` in the policy).
-        """
-        stand_ins = [model] if self.rules.rule(model).placement != "cloud" else []
-        stand_ins += sorted(
-            name
-            for name, rule in self.rules.models.items()
-            if rule.escalate_to == model and rule.placement != "cloud"
-        )
-        for name in stand_ins:
-            if self.package(name) is None:
-                continue
+        """The cloud failed: a local stand-in, else a cached answer, else the error."""
+        for name in self._stand_ins(model):
             try:
                 local = self.local_model(name)
                 outputs = self._run_local(local, arrays)
@@ -500,6 +593,7 @@ class Agent:
                 latency_ms=(self._clock() - started) * 1000,
                 request_id=request_id,
                 variant=local.variant.id,
+                version=local.package.version,
                 degraded=True,
                 findings=findings,
                 error=str(error),
@@ -524,78 +618,7 @@ class Agent:
         ) from error
 
     def close(self) -> None:
-        for local in self._local.values():
+        for local in list(self._local.values()):
             local.session.close()
         if self.offload is not None:
             self.offload.close()
-
-
-def create_agent(
-    config: AgentConfig,
-    *,
-    device_state: Callable[[], DeviceState] | None = None,
-    profile: DeviceProfile | None = None,
-) -> Agent:
-    """An agent as ``config`` describes it: profile, models, policy, privacy, gateway.
-
-    Raises:
-        ConfigError, ProfileError, PolicyError: a configuration file is wrong.
-    """
-    from edge_agent.offload import ExitGuard, make_transport
-    from edge_agent.offload.breaker import CircuitBreaker
-    from edge_agent.paths import default_profiles_dir
-    from edge_agent.policy import load_policy
-    from edge_agent.privacy.faces import FaceDetector
-    from edge_agent.profiles import ProfileStore, detect_profile
-
-    if profile is None:
-        store = ProfileStore(default_profiles_dir())
-        profile = (
-            store.get(config.profile)
-            if config.profile
-            else detect_profile(list(store), config.root).profile
-        )
-    repository = ModelRepository(config.model_dir)
-    rules = load_policy(config.policy or DEFAULT_POLICY)
-    detector = None
-    if config.face_detector:
-        try:
-            detector = FaceDetector(repository)
-        except EdgeError as exc:
-            log.warning("no face detector (%s): pictures cannot be searched for faces", exc)
-    inspector = PrivacyInspector(detector)
-    offload = None
-    if config.gateway is not None:
-        gateway = config.gateway
-        transport = make_transport(
-            gateway.protocol, gateway.address, token=gateway.token, tls=gateway.tls
-        )
-
-        def preprocessing(model: str) -> Any:
-            package = _maybe_package(repository, model)
-            return package.preprocessing if package is not None else None
-
-        offload = OffloadClient(
-            transport,
-            guard=ExitGuard(inspector, rules, preprocessing=preprocessing),
-            breaker=CircuitBreaker(config.breaker.failures, config.breaker.cooldown_s),
-            retries=gateway.retries,
-        )
-    return Agent(
-        profile=profile,
-        repository=repository,
-        rules=rules,
-        offload=offload,
-        inspector=inspector,
-        cache_entries=config.cache_entries,
-        deadline_ms=config.deadline_ms,
-        device_state=device_state,
-        root=config.root,
-    )
-
-
-def _maybe_package(repository: ModelRepository, model: str) -> ModelPackage | None:
-    try:
-        return repository.get(model)
-    except ModelNotFoundError:
-        return None

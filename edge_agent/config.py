@@ -27,6 +27,15 @@ the sample models, local only)::
 
     [privacy]
     face_detector = true            # search pictures for faces (needs the BlazeFace package)
+
+    [ota]                           # over-the-air updates; absent: none
+    bundle = "enrollment.json"      # from `cloud-gateway device add` (mode 0600)
+    url = "http://127.0.0.1:8000"   # the gateway's REST address (default: the bundle's)
+    state_dir = "/var/lib/edge-agent"   # slots, partial downloads, trusted metadata
+    interval_s = 3600               # periodic check, plus up to jitter_s at random
+    jitter_s = 300
+    expiry_slack_s = 0              # accept metadata expired this long ago (no real-time clock)
+    bandwidth = 0                   # bytes/s for downloads (0: no cap)
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from edge_agent.fields import Fields, load_document
 from edge_agent.offload.base import TLSSettings
 from edge_agent.paths import default_model_dir
 
-__all__ = ["AgentConfig", "BreakerConfig", "GatewaySettings", "load_agent_config"]
+__all__ = ["AgentConfig", "BreakerConfig", "GatewaySettings", "OtaSettings", "load_agent_config"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,17 @@ class GatewaySettings:
     token: str | None = None
     retries: int = 2
     tls: TLSSettings | None = None
+
+
+@dataclass(frozen=True)
+class OtaSettings:
+    bundle: Path
+    state_dir: Path
+    url: str | None = None
+    interval_s: float = 3600.0
+    jitter_s: float = 300.0
+    expiry_slack_s: float = 0.0
+    bandwidth: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,7 @@ class AgentConfig:
     gateway: GatewaySettings | None = None
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     face_detector: bool = True
+    ota: OtaSettings | None = None
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -145,6 +166,19 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     p = fields.table("privacy", None)
     face_detector = p.boolean("face_detector", True)
     p.done()
+    ota = None
+    if fields.has("ota"):
+        o = fields.table("ota")
+        ota = OtaSettings(
+            bundle=resolve(o.string("bundle")),
+            state_dir=resolve(o.string("state_dir", "/var/lib/edge-agent")),
+            url=o.string("url", None),
+            interval_s=o.number("interval_s", 3600.0, minimum=1.0),
+            jitter_s=o.number("jitter_s", 300.0, minimum=0.0),
+            expiry_slack_s=o.number("expiry_slack_s", 0.0, minimum=0.0),
+            bandwidth=o.integer("bandwidth", 0, minimum=0),
+        )
+        o.done()
     config = AgentConfig(
         device_id=fields.string("device_id", defaults.device_id),
         profile=fields.string("profile", None),
@@ -156,6 +190,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         gateway=gateway,
         breaker=breaker,
         face_detector=face_detector,
+        ota=ota,
         source=path,
     )
     fields.done()

@@ -20,6 +20,13 @@ ever catch these::
     │   ├── OffloadRejected      the gateway answered with an error (bad request, auth, ...)
     │   ├── BreakerOpen          too many recent failures: not even tried
     │   └── PrivacyRefusal       the exit guard refused to let the data leave
+    ├── UpdateError              an over-the-air model update failed (the current model stays)
+    │   ├── MetadataError        signed metadata failed verification (signature, rollback,
+    │   │                        freeze, mix-and-match, untrusted key)
+    │   ├── DownloadError        a download failed, was cut, or ran past its declared length
+    │   ├── IntegrityError       a blob's length, hash or authentication tag is wrong
+    │   ├── NoKeyError           no data key this device can unwrap (another group's model)
+    │   └── SmokeTestError       the new model failed its smoke test (rolled back)
     └── BackendError             the inference runtime failed
         ├── BackendUnavailableError   the runtime library is not installed
         ├── ModelLoadError            the runtime refused the model
@@ -35,11 +42,15 @@ __all__ = [
     "BackendUnavailableError",
     "BreakerOpen",
     "ConfigError",
+    "DownloadError",
     "EdgeError",
     "InferenceError",
     "InputError",
+    "IntegrityError",
+    "MetadataError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "NoKeyError",
     "NoVariantError",
     "OffloadError",
     "OffloadRejected",
@@ -50,6 +61,8 @@ __all__ = [
     "PrivacyRefusal",
     "ProfileError",
     "ProtocolError",
+    "SmokeTestError",
+    "UpdateError",
 ]
 
 
@@ -160,3 +173,27 @@ class BreakerOpen(OffloadError):
 
 class PrivacyRefusal(OffloadError):
     """The exit guard refused to send data that may not leave the device as it is."""
+
+
+class UpdateError(EdgeError):
+    """An over-the-air model update failed; the device keeps its current model."""
+
+
+class MetadataError(UpdateError):
+    """Signed update metadata failed verification."""
+
+
+class DownloadError(UpdateError):
+    """A download failed, was cut off, or ran past its declared length."""
+
+
+class IntegrityError(UpdateError):
+    """A blob's length, hash or authentication tag is wrong."""
+
+
+class NoKeyError(UpdateError):
+    """No data key this device can unwrap: the model is for another group."""
+
+
+class SmokeTestError(UpdateError):
+    """The new model failed its smoke test and was not activated."""

@@ -25,9 +25,10 @@ never the reverse).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ __all__ = [
     "Tolerance",
     "Variant",
     "load_package",
+    "package_from_files",
+    "parse_manifest",
 ]
 
 MANIFEST = "manifest.json"
@@ -167,6 +170,9 @@ class ModelPackage:
     source: str = ""
     license: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The package's files held in memory (an update decrypted for loading, never
+    # written out in plaintext); ``None``: the files are in ``root``.
+    contents: Mapping[str, bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
     def qualified_name(self) -> str:
@@ -189,6 +195,27 @@ class ModelPackage:
     def path_of(self, variant: Variant) -> Path:
         return self.root / variant.file
 
+    def read_file(self, name: str) -> bytes:
+        """One of the package's files (from memory when the package is held there).
+
+        Raises:
+            PackageError: the file is missing or unreadable.
+        """
+        if self.contents is not None:
+            try:
+                return self.contents[name]
+            except KeyError:
+                raise PackageError(
+                    f"{self.qualified_name}: no file {name!r} in the package"
+                ) from None
+        path = self.root / name
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise PackageError(
+                f"{self.qualified_name}: cannot read {path}: {exc.strerror}"
+            ) from exc
+
     def read_variant(self, variant: Variant) -> bytes:
         """The variant's file, checked against its recorded length and SHA-256.
 
@@ -196,12 +223,7 @@ class ModelPackage:
             PackageError: the file is missing or does not match the manifest.
         """
         path = self.path_of(variant)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PackageError(
-                f"{self.qualified_name}: cannot read variant {variant.id} ({path}): {exc.strerror}"
-            ) from exc
+        data = self.read_file(variant.file)
         if len(data) != variant.size or hashlib.sha256(data).hexdigest() != variant.sha256:
             raise PackageError(
                 f"{self.qualified_name}: variant {variant.id} ({path}) does not match the "
@@ -241,12 +263,12 @@ class ModelPackage:
             ) from None
 
     def _load_npz(self, name: str) -> dict[str, np.ndarray[Any, Any]]:
-        path = self.root / name
+        data = self.read_file(name)
         try:
-            with np.load(path, allow_pickle=False) as npz:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 return {key: npz[key] for key in npz.files}
-        except (OSError, ValueError) as exc:
-            raise PackageError(f"{self.qualified_name}: cannot read {path}: {exc}") from exc
+        except (OSError, ValueError, EOFError) as exc:
+            raise PackageError(f"{self.qualified_name}: cannot read {name}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -374,7 +396,31 @@ def load_package(root: Path) -> ModelPackage:
             the file, the field and what was expected.
     """
     path = root / MANIFEST
-    data = load_document(path, error=_ManifestError)
+    return parse_manifest(load_document(path, error=_ManifestError), root)
+
+
+def package_from_files(files: Mapping[str, bytes], root: Path) -> ModelPackage:
+    """A package held in memory (``files``: name -> content, with ``manifest.json``).
+
+    ``root`` only names where it came from, in messages.
+
+    Raises:
+        PackageError: no manifest, or a wrong one.
+    """
+    try:
+        data = json.loads(files[MANIFEST])
+    except KeyError:
+        raise PackageError(f"{root}: the package has no {MANIFEST}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _ManifestError(f"invalid JSON: {exc}", path=root / MANIFEST) from exc
+    if not isinstance(data, dict):
+        raise _ManifestError("expected an object at the top level", path=root / MANIFEST)
+    return replace(parse_manifest(data, root, check_folder=False), contents=dict(files))
+
+
+def parse_manifest(data: dict[str, Any], root: Path, *, check_folder: bool = True) -> ModelPackage:
+    """A package from a parsed manifest (see :func:`load_package`)."""
+    path = root / MANIFEST
     fields = Fields(data, path=path, error=_ManifestError)
     name = fields.string("name")
     version = fields.integer("version", minimum=1)
@@ -407,7 +453,7 @@ def load_package(root: Path) -> ModelPackage:
         extra={"evaluation": evaluation_meta} if evaluation_meta else {},
     )
     fields.done()
-    if root.name.isdigit() and int(root.name) != version:
+    if check_folder and root.name.isdigit() and int(root.name) != version:
         raise fields.fail("version", f"is {version} but the package lives in folder {root.name!r}")
     return package
 

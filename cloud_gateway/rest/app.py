@@ -20,6 +20,8 @@ from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable, status_of
 from cloud_gateway.metrics import CONTENT_TYPE
+from cloud_gateway.ota.service import OtaService
+from cloud_gateway.rest.ota import add_ota_routes
 from edge_agent.errors import EdgeError
 from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
 
@@ -75,8 +77,8 @@ def _error(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": status.message}, status_code=status.http, headers=headers)
 
 
-def create_app(plane: DataPlane) -> FastAPI:
-    """The FastAPI application of one gateway."""
+def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
+    """The FastAPI application of one gateway (with the update service when given)."""
     app = FastAPI(
         title="edge-inference gateway",
         version="0.1.0",
@@ -218,4 +220,6 @@ def create_app(plane: DataPlane) -> FastAPI:
         await plane.unload(name)
         return Response(status_code=200)
 
+    if ota is not None:
+        add_ota_routes(app, ota, authenticate)
     return app

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from edge_agent.cli import bench_cmd, infer_cmd, models_cmd, policy_cmd, profile_cmd
+from edge_agent.cli import bench_cmd, infer_cmd, models_cmd, policy_cmd, profile_cmd, update_cmd
 from edge_agent.errors import EdgeError
 
 __all__ = ["main"]
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     profile_cmd.register(commands)
-    models_cmd.register(commands)
+    update_cmd.register(commands, models_cmd.register(commands))
     infer_cmd.register(commands)
     policy_cmd.register(commands)
     bench_cmd.register(commands)

@@ -12,7 +12,7 @@ from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 from edge_agent.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid")
+SUITES = ("runtime", "hybrid", "ota")
 
 
 def register(commands: Any) -> None:
@@ -36,6 +36,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--no-rss", action="store_true", help="skip the per-variant peak RSS runs")
     parser.add_argument("--deadline-ms", type=float, default=250.0, help="per request (hybrid)")
+    parser.add_argument("--sizes", default="50,200", help="model sizes in MB (ota)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -45,6 +46,8 @@ def register(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     if args.suite == "hybrid":
         return _hybrid(args)
+    if args.suite == "ota":
+        return _ota(args)
     return _runtime(args)
 
 
@@ -56,6 +59,17 @@ def _hybrid(args: argparse.Namespace) -> int:
         profile, args.model_dir or default_model_dir(), deadline_ms=args.deadline_ms
     )
     print(format_hybrid(report))
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _ota(args: argparse.Namespace) -> int:
+    from edge_agent.bench.ota import format_ota, run_ota
+
+    report = run_ota(tuple(int(s) for s in args.sizes.split(",")))
+    print(format_ota(report))
     if args.json:
         write_json(args.json, report)
         print(f"wrote {args.json}")

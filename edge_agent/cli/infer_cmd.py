@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.agent import Agent, create_agent
+from edge_agent.agent import Agent
+from edge_agent.assemble import create_agent
 from edge_agent.cli.common import (
     CliError,
     add_model_dir,
@@ -137,8 +138,7 @@ def agent_input(agent: Agent, args: argparse.Namespace) -> dict[str, np.ndarray[
     package = agent.package(args.model)
     if package is None:
         raise CliError(
-            f"unknown model {args.model!r} in {agent.repository.root}: its manifest is needed "
-            "to read the input file"
+            f"unknown model {args.model!r}: its manifest is needed to read the input file"
         )
     return read_input(package, args.input)
 

@@ -11,13 +11,15 @@ from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 
 
-def register(commands: Any) -> None:
+def register(commands: Any) -> Any:
+    """Add ``models``; returns its sub-commands (``update_cmd`` adds ``rollback``)."""
     parser = commands.add_parser("models", help="the models in a repository")
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     listing = sub.add_parser("list", help="list models, versions and variants")
     add_model_dir(listing)
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(run=_list)
+    return sub
 
 
 def _list(args: argparse.Namespace) -> int:

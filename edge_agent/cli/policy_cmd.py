@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from edge_agent.agent import DEFAULT_POLICY, create_agent
+from edge_agent.agent import DEFAULT_POLICY
+from edge_agent.assemble import create_agent
 from edge_agent.cli.common import add_model_dir, add_profiles_dir, agent_settings, print_json
 from edge_agent.cli.infer_cmd import agent_input
 from edge_agent.config import load_agent_config

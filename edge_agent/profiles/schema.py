@@ -99,6 +99,7 @@ class DeviceProfile:
     default_power_mode: str
     thermal_zones: tuple[ThermalZone, ...]
     offload: OffloadPreferences
+    latency_budget_ms: float | None = None  # a new model's smoke test must run within it
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -138,6 +139,7 @@ class DeviceProfile:
                 },
             },
             "memory_budget_mb": self.memory_budget_mb,
+            "latency_budget_ms": self.latency_budget_ms,
             "power": {
                 "default": self.default_power_mode,
                 "modes": [
@@ -165,7 +167,9 @@ def _detect(fields: Fields) -> DetectRules:
     return rules
 
 
-def _runtime(fields: Fields) -> tuple[tuple[str, ...], tuple[str, ...], RuntimeOptions, int]:
+def _runtime(
+    fields: Fields,
+) -> tuple[tuple[str, ...], tuple[str, ...], RuntimeOptions, int, float | None]:
     precisions = fields.str_list("precisions", choices=PRECISIONS)
     formats = fields.str_list("formats", choices=FORMATS)
     for key, values in (("precisions", precisions), ("formats", formats)):
@@ -174,6 +178,7 @@ def _runtime(fields: Fields) -> tuple[tuple[str, ...], tuple[str, ...], RuntimeO
     threads = fields.integer("threads", None, minimum=1)
     warmup = fields.integer("warmup", 3, minimum=0)
     memory_budget_mb = fields.integer("memory_budget_mb", minimum=1)
+    latency_budget_ms = fields.number("latency_budget_ms", None, minimum=0.0)
 
     onnx = fields.table("onnx", None)
     providers = onnx.str_list("providers", ["CPUExecutionProvider"])
@@ -216,7 +221,7 @@ def _runtime(fields: Fields) -> tuple[tuple[str, ...], tuple[str, ...], RuntimeO
         xnnpack=xnnpack,
         warmup=warmup,
     )
-    return tuple(precisions), tuple(formats), options, memory_budget_mb
+    return tuple(precisions), tuple(formats), options, memory_budget_mb, latency_budget_ms
 
 
 def _power(fields: Fields) -> tuple[tuple[PowerMode, ...], str]:
@@ -276,7 +281,7 @@ def load_profile(path: Path) -> DeviceProfile:
     description = fields.string("description", "")
     arch = fields.string("arch", choices=ARCHITECTURES)
     detect = _detect(fields.table("detect"))
-    precisions, formats, runtime, budget = _runtime(fields.table("runtime"))
+    precisions, formats, runtime, budget, latency_budget = _runtime(fields.table("runtime"))
     modes, default_mode = _power(fields.table("power"))
     zones = _thermal(fields.table("thermal", None))
     offload_fields = fields.table("offload", None)
@@ -295,6 +300,7 @@ def load_profile(path: Path) -> DeviceProfile:
         formats=formats,
         runtime=runtime,
         memory_budget_mb=budget,
+        latency_budget_ms=latency_budget,
         power_modes=modes,
         default_power_mode=default_mode,
         thermal_zones=zones,

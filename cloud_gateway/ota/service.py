@@ -1,0 +1,99 @@
+"""The gateway's update service: serves the OTA repository and the rollout plan.
+
+Devices (authenticated like every request) fetch the signed metadata and the
+encrypted blobs over HTTP, with ``Range`` requests for resuming; each device
+is served only its own group's key files. ``/v2/ota/plan`` tells a device
+which version of each model its rollouts give it; ``/v2/ota/report`` records
+what it installed or why it failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cloud_gateway.auth import Device
+from cloud_gateway.errors import BadRequest, NotFound
+from cloud_gateway.ota.publish import key_target, payload_target
+from cloud_gateway.ota.rollouts import Rollout, RolloutStore
+
+__all__ = ["OtaService"]
+
+_METADATA = re.compile(r"^(?:[0-9]{1,10}\.)?(?:root|targets|snapshot|timestamp)\.json$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+REPORT_STATUSES = ("installed", "failed", "rolled_back")
+
+
+class OtaService:
+    def __init__(self, repository: Path, rollouts: RolloutStore) -> None:
+        self.repository = Path(repository)
+        self.rollouts = rollouts
+        self.listeners: list[Callable[[Rollout], None]] = []  # told when a rollout changes
+
+    def metadata_path(self, filename: str) -> Path:
+        """The metadata file a device asks for.
+
+        Raises:
+            NotFound: not a metadata file name, or not there.
+        """
+        path = self.repository / "metadata" / filename
+        if not _METADATA.match(filename) or not path.is_file():
+            raise NotFound(f"no metadata {filename!r}")
+        return path
+
+    def target_path(self, target: str, device: Device) -> Path:
+        """The target file a device asks for; key files only for its own group.
+
+        Raises:
+            NotFound: a malformed path, another group's keys, or nothing there.
+        """
+        parts = target.split("/")
+        if not all(_SEGMENT.match(part) for part in parts):
+            raise NotFound(f"no target {target!r}")
+        if parts[0] == "keys" and (len(parts) < 2 or parts[1] != device.group):
+            raise NotFound(f"no target {target!r} for group {device.group!r}")
+        path = self.repository / "targets" / Path(*parts)
+        if not path.is_file():
+            raise NotFound(f"no target {target!r}")
+        return path
+
+    def plan(self, device: Device) -> dict[str, Any]:
+        versions = self.rollouts.plan(device.id, device.group)
+        return {
+            "device": device.id,
+            "group": device.group,
+            "models": [
+                {
+                    "name": name,
+                    "version": version,
+                    "target": payload_target(name, version),
+                    "keys": key_target(device.group, name, version),
+                }
+                for name, version in sorted(versions.items())
+            ],
+        }
+
+    def report(self, device: Device, body: Any) -> dict[str, Any]:
+        """Record a device's report.
+
+        Raises:
+            BadRequest: the report is malformed.
+        """
+        if not isinstance(body, dict):
+            raise BadRequest("a report is a JSON object")
+        name, version, status = body.get("name"), body.get("version"), body.get("status")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("report: 'name' must be a model name")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise BadRequest("report: 'version' must be a positive integer")
+        if status not in REPORT_STATUSES:
+            raise BadRequest(f"report: 'status' must be one of {', '.join(REPORT_STATUSES)}")
+        detail = body.get("detail", "")
+        paused = self.rollouts.report(device.id, device.group, name, version, status, str(detail))
+        if paused is not None:
+            for listener in self.listeners:
+                listener(paused)
+        rollout = self.rollouts.get(name, version, device.group)
+        return {"recorded": True, "rollout": rollout.to_dict() if rollout else None}

@@ -1,0 +1,53 @@
+"""The REST routes of the update service (``/v2/ota/...``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+
+from cloud_gateway.auth import Device
+from cloud_gateway.errors import BadRequest
+from cloud_gateway.ota.service import OtaService
+
+__all__ = ["add_ota_routes"]
+
+MAX_REPORT_BYTES = 16 * 1024
+
+
+class BlobResponse(FileResponse):
+    """A file in 1 MiB pieces (Starlette's default, 64 KiB, costs a third of the throughput)."""
+
+    chunk_size = 1 << 20
+
+
+def add_ota_routes(
+    app: FastAPI, ota: OtaService, authenticate: Callable[[Request], Device]
+) -> None:
+    @app.get("/v2/ota/metadata/{filename}", summary="Signed update metadata")
+    async def metadata(request: Request, filename: str) -> FileResponse:
+        authenticate(request)
+        return FileResponse(ota.metadata_path(filename), media_type="application/json")
+
+    @app.get("/v2/ota/targets/{target:path}", summary="An update target (Range requests allowed)")
+    async def target(request: Request, target: str) -> FileResponse:
+        device = authenticate(request)
+        return BlobResponse(ota.target_path(target, device), media_type="application/octet-stream")
+
+    @app.get("/v2/ota/plan", summary="The model versions this device should run")
+    async def plan(request: Request) -> JSONResponse:
+        return JSONResponse(ota.plan(authenticate(request)))
+
+    @app.post("/v2/ota/report", summary="Report an installation or a failure")
+    async def report(request: Request) -> JSONResponse:
+        device = authenticate(request)
+        body = await request.body()
+        if len(body) > MAX_REPORT_BYTES:
+            raise BadRequest(f"a report is at most {MAX_REPORT_BYTES} bytes")
+        try:
+            document = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadRequest(f"the report is not valid JSON: {exc}") from None
+        return JSONResponse(ota.report(device, document))

@@ -1,0 +1,162 @@
+"""Building the agent (and its updater) from the one configuration object.
+
+Every library is imported here only when the configuration uses it: a
+local-only device with one TFLite model loads neither the offload transports
+nor python-tuf nor ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from edge_agent.agent import DEFAULT_POLICY, Agent, LayeredSource, ModelSource
+from edge_agent.config import AgentConfig
+from edge_agent.errors import ConfigError, EdgeError, ModelNotFoundError
+from edge_agent.package import ModelPackage, ModelRepository
+from edge_agent.paths import default_profiles_dir
+from edge_agent.privacy import PrivacyInspector
+from edge_agent.profiles.schema import DeviceProfile
+from edge_agent.profiles.state import DeviceState
+
+__all__ = ["OtaSource", "create_agent", "create_updater", "resolve_profile"]
+
+log = logging.getLogger(__name__)
+
+
+class OtaSource:
+    """The models installed over the air: each one's active slot, decrypted into memory."""
+
+    def __init__(self, store: Any, group: str, group_key: bytes) -> None:
+        self.store = store
+        self.group = group
+        self.group_key = group_key
+
+    def get(self, name: str) -> ModelPackage:
+        if self.store.active(name) is None:
+            raise ModelNotFoundError(f"no update of {name!r} is installed")
+        package: ModelPackage = self.store.package(name, self.group, self.group_key)
+        return package
+
+
+def resolve_profile(config: AgentConfig) -> DeviceProfile:
+    from edge_agent.profiles import ProfileStore, detect_profile
+
+    store = ProfileStore(default_profiles_dir())
+    if config.profile:
+        return store.get(config.profile)
+    return detect_profile(list(store), config.root).profile
+
+
+def _enrollment(config: AgentConfig) -> Any:
+    if config.ota is None:
+        return None
+    from edge_agent.ota import load_bundle
+
+    return load_bundle(config.ota.bundle)
+
+
+def create_agent(
+    config: AgentConfig,
+    *,
+    device_state: Callable[[], DeviceState] | None = None,
+    profile: DeviceProfile | None = None,
+) -> Agent:
+    """An agent as ``config`` describes it: profile, models, policy, privacy, gateway.
+
+    Raises:
+        ConfigError, ProfileError, PolicyError: a configuration file is wrong.
+    """
+    from edge_agent.policy import load_policy
+
+    profile = profile or resolve_profile(config)
+    bundled = ModelRepository(config.model_dir)
+    source: ModelSource = bundled
+    enrollment = _enrollment(config)
+    if enrollment is not None and config.ota is not None:
+        from edge_agent.ota import OtaStore
+
+        store = OtaStore(config.ota.state_dir / "ota")
+        source = LayeredSource([OtaSource(store, enrollment.group, enrollment.group_key), bundled])
+    rules = load_policy(config.policy or DEFAULT_POLICY)
+    detector = None
+    if config.face_detector:
+        from edge_agent.privacy.faces import FaceDetector
+
+        try:
+            detector = FaceDetector(bundled)
+        except EdgeError as exc:
+            log.warning("no face detector (%s): pictures cannot be searched for faces", exc)
+    inspector = PrivacyInspector(detector)
+    offload = None
+    if config.gateway is not None:
+        from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
+
+        gateway = config.gateway
+        token = gateway.token or (enrollment.token if enrollment is not None else None)
+        transport = make_transport(gateway.protocol, gateway.address, token=token, tls=gateway.tls)
+
+        def preprocessing(model: str) -> Any:
+            try:
+                return bundled.get(model).preprocessing
+            except ModelNotFoundError:
+                return None
+
+        offload = OffloadClient(
+            transport,
+            guard=ExitGuard(inspector, rules, preprocessing=preprocessing),
+            breaker=CircuitBreaker(config.breaker.failures, config.breaker.cooldown_s),
+            retries=gateway.retries,
+        )
+    return Agent(
+        profile=profile,
+        repository=source,
+        rules=rules,
+        offload=offload,
+        inspector=inspector,
+        cache_entries=config.cache_entries,
+        deadline_ms=config.deadline_ms,
+        device_state=device_state,
+        root=config.root,
+    )
+
+
+def create_updater(
+    config: AgentConfig,
+    profile: DeviceProfile,
+    *,
+    agent: Agent | None = None,
+    on_progress: Callable[[str, int, int], None] = lambda name, done, total: None,
+) -> Any:
+    """The OTA updater of ``config`` (installs swap the model into ``agent``).
+
+    Raises:
+        ConfigError: the configuration has no ``[ota]`` section, or its bundle is wrong.
+    """
+    from edge_agent.ota import OtaStore, OtaUpdater, UpdateSettings
+
+    if config.ota is None:
+        raise ConfigError("no [ota] section in the configuration", path=config.source)
+    enrollment = _enrollment(config)
+    url = config.ota.url or enrollment.gateway
+    if not url:
+        raise ConfigError(
+            "the gateway's URL: set ota.url (the bundle has none)", path=config.source
+        )
+    settings = UpdateSettings(
+        url=url,
+        state_dir=config.ota.state_dir,
+        interval_s=config.ota.interval_s,
+        jitter_s=config.ota.jitter_s,
+        expiry_slack_s=config.ota.expiry_slack_s,
+        bandwidth=config.ota.bandwidth or None,
+    )
+    return OtaUpdater(
+        settings,
+        enrollment,
+        profile,
+        store=OtaStore(config.ota.state_dir / "ota"),
+        on_installed=(agent.reload if agent is not None else lambda name, package: None),
+        on_progress=on_progress,
+    )

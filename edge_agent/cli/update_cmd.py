@@ -1,0 +1,78 @@
+"""``edge-agent update`` and ``edge-agent models rollback``: over-the-air updates by hand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from edge_agent.cli.common import CliError, print_json
+from edge_agent.config import load_agent_config
+
+
+def register(commands: Any, models: Any) -> None:
+    update = commands.add_parser("update", help="check for model updates now and install them")
+    update.add_argument("--config", type=Path, required=True, help="agent configuration with [ota]")
+    update.add_argument("--quiet", action="store_true", help="no progress bar")
+    update.set_defaults(run=_update)
+
+    rollback = models.add_parser("rollback", help="go back to the previous version of a model")
+    rollback.add_argument("name")
+    rollback.add_argument(
+        "--config", type=Path, required=True, help="agent configuration with [ota]"
+    )
+    rollback.set_defaults(run=_rollback)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        start = self.started.setdefault(name, time.monotonic())
+        elapsed = max(time.monotonic() - start, 1e-6)
+        width = 30
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "." * (width - filled)
+        sys.stderr.write(
+            f"\r{name}: [{bar}] {done / 1e6:7.1f}/{total / 1e6:.1f} MB "
+            f"{done / elapsed / 1e6:6.1f} MB/s"
+        )
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _updater(args: argparse.Namespace, progress: Any = None) -> Any:
+    from edge_agent.assemble import create_updater, resolve_profile
+
+    config = load_agent_config(args.config)
+    if config.ota is None:
+        raise CliError(f"{args.config} has no [ota] section")
+    return create_updater(
+        config, resolve_profile(config), on_progress=progress or (lambda name, done, total: None)
+    )
+
+
+def _update(args: argparse.Namespace) -> int:
+    updater = _updater(args, None if args.quiet else ProgressBar())
+    try:
+        outcomes = updater.check()
+    finally:
+        updater.close()
+    print_json({"outcomes": [o.to_dict() for o in outcomes]})
+    return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    updater = _updater(args)
+    try:
+        previous = updater.rollback(args.name)
+    finally:
+        updater.close()
+    print(f"{args.name}: back to version {previous.version}")
+    return 0

@@ -1,0 +1,252 @@
+"""A small OTA world for the tests: signing keys, a repository, a gateway serving it,
+enrolled devices, and packages to publish (real ones and deliberately broken ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cloud_gateway import GatewayConfig, GatewayThread
+from cloud_gateway.auth import DeviceRegistry
+from cloud_gateway.ota.groups import GroupKeys, write_bundle
+from cloud_gateway.ota.keys import KeyStore
+from cloud_gateway.ota.publish import OtaRepository
+from cloud_gateway.ota.rollouts import RolloutStore
+from edge_agent.ota import OtaStore, OtaUpdater, UpdateSettings, load_bundle
+from edge_agent.ota.bundle import Enrollment
+from edge_agent.profiles import ProfileStore
+
+from .conftest import MODELS, PROFILES
+
+GROUP = "rpi5-int8"
+LIGHT_INT8 = MODELS / "digits-light" / "1" / "model.int8.tflite"
+LIGHT_FP32 = MODELS / "digits-light" / "1" / "model.fp32.tflite"
+
+
+def edit_manifest(folder: Path, **changes: Any) -> None:
+    path = folder / "manifest.json"
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def broken_package(tmp: Path) -> Path:
+    """digits-light with golden outputs the model does not produce: fails its smoke test."""
+    folder = tmp / "broken" / "1"
+    shutil.copytree(MODELS / "digits-light" / "1", folder)
+    with np.load(folder / "golden.npz") as golden:
+        arrays = {k: golden[k] for k in golden.files}
+    arrays["output:probabilities"] = np.roll(arrays["output:probabilities"], 3, axis=1)
+    np.savez(folder / "golden.npz", **arrays)
+    return folder / "model.int8.tflite"
+
+
+def big_package(tmp: Path, megabytes: int) -> Path:
+    """A valid ONNX package of about ``megabytes`` MB (the OTA benchmark's), with golden data."""
+    from edge_agent.bench.ota import big_model_package
+
+    return big_model_package(tmp / f"big-{megabytes}" / "1", megabytes)
+
+
+@dataclass
+class Device:
+    id: str
+    bundle: Path
+    state: Path
+    enrollment: Enrollment
+
+
+@dataclass
+class OtaWorld:
+    root: Path
+    keys: KeyStore
+    repo: OtaRepository
+    state: Path
+    gateway: GatewayThread
+    groups: GroupKeys
+    rollouts: RolloutStore
+    devices: dict[str, Device] = field(default_factory=dict)
+    updaters: list[OtaUpdater] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.gateway.http_url}"
+
+    def enroll(self, device_id: str, group: str = GROUP) -> Device:
+        token = DeviceRegistry(self.state / "devices.json").add(device_id, group)
+        private, _ = self.groups.ensure(group)
+        bundle = self.root / f"{device_id}.bundle.json"
+        write_bundle(
+            bundle, device_id=device_id, group=group, token=token, group_private=private,
+            trusted_root=self.repo.root_bytes(), gateway=self.url,
+        )  # fmt: skip
+        device = Device(device_id, bundle, self.root / "devices" / device_id, load_bundle(bundle))
+        self.devices[device_id] = device
+        return device
+
+    def publish(self, name: str, version: int, file: Path, groups: list[str] | None = None) -> Any:
+        keys = {g: self.groups.ensure(g)[1] for g in (groups or [GROUP])}
+        return self.repo.publish(name=name, version=version, model_file=file, groups=keys)
+
+    def release(
+        self, name: str, version: int, file: Path, *, percent: float = 100.0, group: str = GROUP
+    ) -> Any:
+        result = self.publish(name, version, file, [group])
+        self.rollouts.start(name, version, group, percent)
+        return result
+
+    def updater(
+        self,
+        device: Device,
+        *,
+        url: str | None = None,
+        profile: str = "raspberry-pi-5",
+        hooks: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> OtaUpdater:
+        updater = OtaUpdater(
+            UpdateSettings(url=url or self.url, state_dir=device.state, **settings),
+            device.enrollment,
+            ProfileStore(PROFILES).get(profile),
+            **(hooks or {}),
+        )
+        self.updaters.append(updater)
+        return updater
+
+    def store(self, device: Device) -> OtaStore:
+        return OtaStore(device.state / "ota")
+
+    def payload_file(self, name: str, version: int) -> Path:
+        return next((self.repo.root / "targets" / "models" / name / str(version)).glob("*.payload"))
+
+    def stop(self) -> None:
+        for updater in self.updaters:
+            updater.close()
+        self.gateway.stop()
+        self.rollouts.close()
+
+
+def make_world(tmp: Path) -> OtaWorld:
+    keys = KeyStore(tmp / "keys")
+    keys.init()
+    repo = OtaRepository(tmp / "ota", keys)
+    repo.init()
+    state = tmp / "gateway-state"
+    config = GatewayConfig(
+        repository=MODELS, state_dir=state, http_port=0, grpc_port=0, poll_interval_s=0.0,
+        ota_repository=tmp / "ota",
+    )  # fmt: skip
+    # the gateway's own store for the device plan; the test's store writes the same file
+    gateway = GatewayThread(config)
+    return OtaWorld(
+        tmp, keys, repo, state, gateway, GroupKeys(state), RolloutStore(state / "rollouts.sqlite")
+    )
+
+
+class CuttingProxy:
+    """A TCP proxy in front of the gateway that cuts the first blob download after
+    ``cut_after`` body bytes and records every request line and its Range header."""
+
+    def __init__(self, upstream: tuple[str, int], cut_after: int) -> None:
+        self.upstream = upstream
+        self.cut_after = cut_after
+        self.requests: list[tuple[str, str | None]] = []
+        self.body_bytes = 0  # blob bytes sent to the client, over all connections
+        self._cut_done = False
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(16)
+        self.port = self._server.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.upstream)
+        try:
+            self._relay(client, upstream)
+        except OSError:
+            pass  # the client went away (it refused the stream): so does the upstream
+        finally:
+            client.close()
+            upstream.close()
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        while True:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = client.recv(65536)
+                if not data:
+                    return
+                request += data
+            head = request.split(b"\r\n\r\n", 1)[0].decode(errors="replace")
+            lines = head.split("\r\n")
+            ranges = next(
+                (
+                    line.split(":", 1)[1].strip()
+                    for line in lines
+                    if line.lower().startswith("range:")
+                ),
+                None,
+            )
+            self.requests.append((lines[0], ranges))
+            upstream.sendall(request)
+            blob = "/targets/models/" in lines[0]
+            cut = blob and not self._cut_done
+            if not self._relay_response(upstream, client, blob, cut):
+                return
+
+    def _relay_response(
+        self, upstream: socket.socket, client: socket.socket, blob: bool, cut: bool
+    ) -> bool:
+        response = b""
+        while b"\r\n\r\n" not in response:
+            data = upstream.recv(65536)
+            if not data:
+                return False
+            response += data
+        head, body = response.split(b"\r\n\r\n", 1)
+        length = 0
+        for line in head.decode(errors="replace").split("\r\n"):
+            if line.lower().startswith("content-length:"):
+                length = int(line.split(":", 1)[1])
+        client.sendall(head + b"\r\n\r\n")
+        sent = 0
+        while True:
+            if cut and sent + len(body) >= self.cut_after:
+                client.sendall(body[: self.cut_after - sent])
+                if blob:
+                    self.body_bytes += self.cut_after - sent
+                self._cut_done = True
+                return False  # cut: close the connection halfway
+            client.sendall(body)
+            sent += len(body)
+            if blob:
+                self.body_bytes += len(body)
+            if sent >= length:
+                return True
+            body = upstream.recv(65536)
+            if not body:
+                return False
+
+    def close(self) -> None:
+        self._server.close()

@@ -1,0 +1,158 @@
+"""The OTA workflow from the command line, as an operator and a device would run it."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from cloud_gateway import GatewayConfig, GatewayThread
+
+from .conftest import MODELS
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_operator_and_device_commands(tmp_path: Path) -> None:
+    keys, ota, state = tmp_path / "keys", tmp_path / "ota", tmp_path / "state"
+    gateway = ["cloud_gateway", "--state-dir", str(state)]
+    run(*gateway, "keys", "init", "--dir", str(keys))
+    assert all(
+        mode(keys / f"{role}.key") == 0o600 for role in ("root", "targets", "snapshot", "timestamp")
+    )
+    refused = run(*gateway, "keys", "init", "--dir", str(keys), check=False)
+    assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr
+
+    # a device joins before anything is published: the first publish makes the repository
+    run(*gateway, "device", "add", "warm-up", "--group", "rpi5-int8")
+    published = run(
+        *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys),
+        "--name", "digits-light", "--version", "2", "--file", str(MODELS / "digits-light/1/model.int8.tflite"),
+        "--group", "rpi5-int8",
+    )  # fmt: skip
+    assert "published digits-light v2" in published.stdout
+    bundle = tmp_path / "cam-01.json"
+    added = run(
+        *gateway, "device", "add", "cam-01", "--group", "rpi5-int8", "--repository", str(ota),
+        "--bundle", str(bundle),
+    )  # fmt: skip
+    assert mode(bundle) == 0o600
+    document = json.loads(bundle.read_text())
+    assert document["token"] == added.stdout.strip()
+    assert document["trusted_root"]["signed"]["_type"] == "root"
+    assert mode(state / "groups" / "rpi5-int8.json") == 0o600
+    no_group = run(
+        *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys), "--name", "x",
+        "--version", "1", "--file", str(MODELS / "digits-light/1/model.fp32.onnx"), "--group", "nobody",
+        check=False,
+    )  # fmt: skip
+    assert no_group.returncode == 1 and "group 'nobody' has no key yet" in no_group.stderr
+
+    run(
+        *gateway,
+        "rollout",
+        "start",
+        "--name",
+        "digits-light",
+        "--version",
+        "2",
+        "--group",
+        "rpi5-int8",
+        "--percent",
+        "100",
+    )
+    config = GatewayConfig(
+        repository=MODELS,
+        state_dir=state,
+        http_port=0,
+        grpc_port=0,
+        poll_interval_s=0.0,
+        ota_repository=ota,
+    )
+    thread = GatewayThread(config)
+    try:
+        agent_config = tmp_path / "agent.toml"
+        agent_config.write_text(
+            'profile = "raspberry-pi-5"\n'
+            f'[ota]\nbundle = "{bundle}"\nurl = "http://{thread.http_url}"\nstate_dir = "{tmp_path / "device"}"\n'
+        )
+        updated = run("edge_agent", "update", "--config", str(agent_config))
+        outcomes = json.loads(updated.stdout)["outcomes"]
+        assert [(o["name"], o["version"], o["status"]) for o in outcomes] == [
+            ("digits-light", 2, "installed")
+        ]
+        assert "digits-light: [" in updated.stderr and "MB/s" in updated.stderr  # the progress bar
+        status = run(*gateway, "rollout", "status").stdout
+        assert "digits-light" in status and "installed 1" in status
+
+        run(
+            *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys), "--name",
+            "digits-light", "--version", "3", "--file", str(MODELS / "digits-light/1/model.fp32.tflite"),
+            "--group", "rpi5-int8",
+        )  # fmt: skip
+        run(
+            *gateway,
+            "rollout",
+            "start",
+            "--name",
+            "digits-light",
+            "--version",
+            "3",
+            "--group",
+            "rpi5-int8",
+            "--percent",
+            "100",
+        )
+        paused = run(
+            *gateway, "rollout", "pause", "--name", "digits-light", "--version", "3"
+        ).stdout
+        assert "paused" in paused
+        assert (
+            json.loads(run("edge_agent", "update", "--config", str(agent_config)).stdout)[
+                "outcomes"
+            ][0]["status"]
+            == "current"
+        )
+        run(*gateway, "rollout", "resume", "--name", "digits-light", "--version", "3")
+        assert (
+            json.loads(run("edge_agent", "update", "--config", str(agent_config)).stdout)[
+                "outcomes"
+            ][0]["version"]
+            == 3
+        )
+        rolled = run(
+            "edge_agent", "models", "rollback", "digits-light", "--config", str(agent_config)
+        )
+        assert "back to version 2" in rolled.stdout
+        infer = run(
+            "edge_agent", "infer", "--config", str(agent_config), "--model", "digits-light", "--input",
+            str(tmp_path / "x.npy"), check=False,
+        )  # fmt: skip
+        assert "does not exist" in infer.stderr
+        import numpy as np
+
+        np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+        answer = json.loads(run(
+            "edge_agent", "infer", "--config", str(agent_config), "--model", "digits-light", "--input",
+            str(tmp_path / "x.npy"),
+        ).stdout)  # fmt: skip
+        assert (
+            answer["version"] == 2 and answer["variant"] == "tflite-int8"
+        )  # served from the OTA slot
+        aborted = run(*gateway, "rollout", "abort", "--name", "digits-light").stdout
+        assert "aborted" in aborted
+    finally:
+        thread.stop()
