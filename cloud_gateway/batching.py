@@ -128,6 +128,16 @@ class DynamicBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+        self._loop_task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("the batcher of %s stopped: %r", self.name, task.exception())
+        self._closed = True
+        for item in self._queue:  # nothing waits forever on a dead batcher
+            self._resolve(item, Unavailable(f"model {self.name} cannot run requests now"))
+        self._queue.clear()
 
     @staticmethod
     def key_of(feed: dict[str, Array]) -> Hashable:
@@ -199,46 +209,53 @@ class DynamicBatcher:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     async def _execute(self, batch: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            started = self._clock()
-            waits = [started - item.meta.enqueued for item in batch]
-            names = list(batch[0].feed)
-            if len(batch) == 1:
-                feed = batch[0].feed
-            else:
-                feed = {n: np.concatenate([item.feed[n] for item in batch]) for n in names}
-            try:
-                outputs = await loop.run_in_executor(self._executor, self._runner, feed)
-            except Exception as exc:
-                if len(batch) == 1:
-                    self._resolve(batch[0], exc)
-                    return
-                log.warning(
-                    "a batch of %d for %s failed (%s); re-running one by one",
-                    len(batch),
-                    self.name,
-                    exc,
-                )
-                for item in batch:
-                    try:
-                        self._resolve(
-                            item,
-                            await loop.run_in_executor(self._executor, self._runner, item.feed),
-                        )
-                    except Exception as single:
-                        self._resolve(item, single)
-                return
-            compute = self._clock() - started
-            offset = 0
+            await self._run_batch(batch)
+        except Exception as exc:  # whatever went wrong, no request of the batch is left waiting
+            log.exception("a batch of %s failed", self.name)
             for item in batch:
-                end = offset + item.meta.rows
-                self._resolve(item, {n: v[offset:end] for n, v in outputs.items()})
-                offset = end
-            if self._on_batch is not None:
-                self._on_batch(offset, waits, compute)
+                self._resolve(item, exc)
         finally:
             self._slots.release()
+
+    async def _run_batch(self, batch: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        started = self._clock()
+        waits = [started - item.meta.enqueued for item in batch]
+        names = list(batch[0].feed)
+        if len(batch) == 1:
+            feed = batch[0].feed
+        else:
+            feed = {n: np.concatenate([item.feed[n] for item in batch]) for n in names}
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._runner, feed)
+        except Exception as exc:
+            if len(batch) == 1:
+                self._resolve(batch[0], exc)
+                return
+            log.warning(
+                "a batch of %d for %s failed (%s); re-running one by one",
+                len(batch),
+                self.name,
+                exc,
+            )
+            for item in batch:
+                try:
+                    self._resolve(
+                        item,
+                        await loop.run_in_executor(self._executor, self._runner, item.feed),
+                    )
+                except Exception as single:
+                    self._resolve(item, single)
+            return
+        compute = self._clock() - started
+        offset = 0
+        for item in batch:
+            end = offset + item.meta.rows
+            self._resolve(item, {n: v[offset:end] for n, v in outputs.items()})
+            offset = end
+        if self._on_batch is not None:
+            self._on_batch(offset, waits, compute)
 
     @staticmethod
     def _resolve(item: _Item, result: dict[str, Array] | BaseException) -> None:

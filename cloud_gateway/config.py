@@ -36,7 +36,7 @@ A TOML file (every field optional; command-line flags override it)::
     max_batch_size = 64
 
     [metrics]
-    public = true                    # /metrics without a token
+    public = false                   # true: /metrics without a token (it names devices)
 
 A wrong field fails at start with the file, the field and what was expected.
 """
@@ -101,7 +101,7 @@ class GatewayConfig:
     rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     model_batching: dict[str, BatchingConfig] = field(default_factory=dict)
-    metrics_public: bool = True
+    metrics_public: bool = False
     ota_repository: Path | None = None
     source: Path | None = None
 
@@ -193,7 +193,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
     models.done()
     ota_repository = fields.string("ota_repository", None)
     metrics = fields.table("metrics", None)
-    metrics_public = metrics.boolean("public", True)
+    metrics_public = metrics.boolean("public", False)
     metrics.done()
     config = GatewayConfig(
         repository=resolve(repository) if repository else defaults["repository"],

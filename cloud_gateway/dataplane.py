@@ -12,6 +12,7 @@ to statuses through one table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -62,21 +63,30 @@ class DataPlane:
         self._batchers: dict[int, DynamicBatcher] = {}  # id(LoadedModel) -> its batcher
         self._ready = False
         self._stopping = False
+        # one change of the loaded models at a time (polls, load and unload requests)
+        self._changing: asyncio.Lock | None = None
 
     # -- lifecycle (on the event loop) ----------------------------------------------
+
+    def _change_lock(self) -> asyncio.Lock:
+        if self._changing is None:
+            self._changing = asyncio.Lock()
+        return self._changing
 
     async def refresh(self, only: str | None = None) -> None:
         """Scan the repository (in a thread) and start or stop what serves the changes."""
         loop = asyncio.get_running_loop()
-        added, removed = await loop.run_in_executor(None, self.repository.scan, only)
-        await self._apply(added, removed)
+        async with self._change_lock():
+            added, removed = await loop.run_in_executor(None, self.repository.scan, only)
+            await self._apply(added, removed)
         self._ready = True
 
     async def _apply(self, added: list[LoadedModel], removed: list[LoadedModel]) -> None:
-        for model in added:
-            self._start(model)
+        # stop first: a reloaded version has the same metric labels as the one it replaces
         for model in removed:
             await self._stop(model)
+        for model in added:
+            self._start(model)
 
     def _start(self, model: LoadedModel) -> None:
         package = model.package
@@ -98,28 +108,30 @@ class DataPlane:
         )
 
     async def _stop(self, model: LoadedModel) -> None:
+        """Stop serving ``model``; its queued requests run first. The session itself is
+        left to the garbage collector: a request already running on it finishes."""
         package = model.package
-        self.metrics.models_loaded.remove(package.name, str(package.version), model.variant)
+        with contextlib.suppress(KeyError):  # never started
+            self.metrics.models_loaded.remove(package.name, str(package.version), model.variant)
         batcher = self._batchers.pop(id(model), None)
         if batcher is not None:
             await batcher.close()
-        model.close()
 
     async def load(self, name: str) -> None:
         loop = asyncio.get_running_loop()
-        added, removed = await loop.run_in_executor(None, self.repository.load, name)
-        await self._apply(added, removed)
+        async with self._change_lock():
+            added, removed = await loop.run_in_executor(None, self.repository.load, name)
+            await self._apply(added, removed)
 
     async def unload(self, name: str) -> None:
-        for model in self.repository.unload(name):
-            await self._stop(model)
+        async with self._change_lock():
+            for model in self.repository.unload(name):
+                await self._stop(model)
 
     async def close(self) -> None:
         self._stopping = True
-        for model in list(self.repository.loaded()):
-            batcher = self._batchers.pop(id(model), None)
-            if batcher is not None:
-                await batcher.close()
+        for key in list(self._batchers):
+            await self._batchers.pop(key).close()
         self.executor.shutdown(wait=True)
 
     # -- health and metadata ----------------------------------------------------------
@@ -160,6 +172,12 @@ class DataPlane:
             raise PermissionDenied(f"device {device.id!r} may not manage the repository")
         self.limiter.check(device.id)
         return device
+
+    def count_failure(self, model: str, protocol: str, exc: BaseException) -> None:
+        """Count a request refused before it reached :meth:`infer` (auth, limits, a bad body)."""
+        label = model if self.repository.versions(model) else "unknown"
+        self.metrics.requests.labels(label, protocol, status_of(exc).kind).inc()
+        self.metrics.failures.labels(label, protocol, status_of(exc).kind).inc()
 
     def _feed(self, model: LoadedModel, request: InferRequest) -> dict[str, Array]:
         expected = {spec.name: spec for spec in model.inputs}
@@ -242,6 +260,8 @@ class DataPlane:
             )
         except Exception as exc:
             status = status_of(exc)
+            if status.kind == "not_found" and model_label == request.model_name:
+                model_label = "unknown"  # clients choose the name: no new series for each one
             self.metrics.requests.labels(model_label, protocol, status.kind).inc()
             self.metrics.failures.labels(model_label, protocol, status.kind).inc()
             if status.http >= 500:

@@ -25,6 +25,7 @@ import numpy as np
 
 from cloud_gateway.errors import NotFound, Unavailable
 from edge_agent.errors import EdgeError, PackageError
+from edge_agent.fields import is_decimal
 from edge_agent.package import MANIFEST, ModelPackage, load_package
 from edge_agent.runtime import RuntimeOptions, open_best, open_variant
 from edge_agent.tensors import TensorSpec
@@ -138,7 +139,7 @@ class ServingRepository:
             if not folder.is_dir():
                 continue
             for child in folder.iterdir():
-                if child.name.isdigit() and (child / MANIFEST).is_file():
+                if is_decimal(child.name) and (child / MANIFEST).is_file():
                     found[(folder.name, int(child.name))] = child
         return found
 
@@ -245,7 +246,7 @@ class ServingRepository:
             raise NotFound(f"unknown model {name!r}")
         if not version:
             return versions[max(versions)]
-        if not version.isdigit() or int(version) not in versions:
+        if not is_decimal(version) or int(version) not in versions:
             known = ", ".join(str(v) for v in sorted(versions))
             raise NotFound(f"model {name!r} has no version {version!r}; loaded versions: {known}")
         return versions[int(version)]

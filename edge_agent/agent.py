@@ -207,9 +207,12 @@ class Agent:
         cache_entries: int = 256,
         deadline_ms: float = 1000.0,
         device_state: Callable[[], DeviceState] | None = None,
+        online: Callable[[], bool] = lambda: True,
         root: Path = Path("/"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``online`` tells whether the device has a network link at all (e.g. the MQTT
+        connection's state); ``device_state`` its heat and load."""
         self.profile = profile
         self.repository = repository
         self.rules = rules
@@ -219,6 +222,7 @@ class Agent:
         self.deadline_ms = deadline_ms
         self.counter = DecisionCounter()
         self._device_state = device_state or (lambda: read_device_state(profile, root))
+        self._online = online
         self._clock = clock
         self._local: dict[str, _Local] = {}
         self._loading: dict[str, threading.Lock] = {}
@@ -371,6 +375,7 @@ class Agent:
             critical=state.critical,
             cpu_load=state.cpu_load,
             gateway=self.offload is not None,
+            online=self._online(),
             breaker_open=self.offload is not None and self.offload.breaker.is_open,
             local_confidence=confidence,
         )

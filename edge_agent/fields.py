@@ -14,6 +14,7 @@ silently lost).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,7 +27,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
-__all__ = ["Fields", "load_document"]
+__all__ = ["Fields", "is_decimal", "load_document"]
+
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only (``str.isdigit`` also takes "²" and "٣",
+    which ``int()`` then refuses or reads differently)."""
+    return _DECIMAL.fullmatch(text) is not None
+
 
 T = TypeVar("T")
 _MISSING = object()

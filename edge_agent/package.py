@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.errors import ConfigError, ModelNotFoundError, PackageError
-from edge_agent.fields import Fields, load_document
+from edge_agent.fields import Fields, is_decimal, load_document
 from edge_agent.tensors import DATATYPES, TensorSpec
 
 __all__ = [
@@ -453,7 +453,7 @@ def parse_manifest(data: dict[str, Any], root: Path, *, check_folder: bool = Tru
         extra={"evaluation": evaluation_meta} if evaluation_meta else {},
     )
     fields.done()
-    if check_folder and root.name.isdigit() and int(root.name) != version:
+    if check_folder and is_decimal(root.name) and int(root.name) != version:
         raise fields.fail("version", f"is {version} but the package lives in folder {root.name!r}")
     return package
 
@@ -476,7 +476,7 @@ class ModelRepository:
         if not folder.is_dir():
             return
         for child in folder.iterdir():
-            if child.name.isdigit() and (child / MANIFEST).is_file():
+            if is_decimal(child.name) and (child / MANIFEST).is_file():
                 yield int(child.name), child
 
     def versions(self, name: str) -> list[int]:

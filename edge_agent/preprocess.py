@@ -154,26 +154,36 @@ def _known_layout(item: Array, pre: ImagePreprocessing) -> ImageView | None:
 
 
 def _guessed_layout(item: Array) -> ImageView | None:
-    if item.ndim != 3 or item.dtype.kind not in "uif":
+    """A 2-D grey picture, or a 3-D one in HWC or CHW with 1, 3 or 4 (alpha) channels."""
+    if item.dtype.kind not in "buif" or item.ndim not in (2, 3):
         return None
-    if item.shape[0] in (1, 3) and min(item.shape[1:]) >= 8:
+    if item.ndim == 2:
+        if min(item.shape) < 8:
+            return None
+        hwc, chw = item[:, :, None], False
+    elif item.shape[0] in (1, 3, 4) and min(item.shape[1:]) >= 8:
         hwc, chw = item.transpose(1, 2, 0), True
-    elif item.shape[2] in (1, 3) and min(item.shape[:2]) >= 8:
+    elif item.shape[2] in (1, 3, 4) and min(item.shape[:2]) >= 8:
         hwc, chw = item, False
     else:
         return None
-    values = hwc.astype(np.float32)
+    channels = hwc.shape[2]
+    alpha = hwc[:, :, 3:] if channels == 4 else None
+    colour = hwc[:, :, :3] if channels == 4 else hwc
+    values = colour.astype(np.float32)
     low, high = float(values.min()), float(values.max())
     span = high - low if high > low else 1.0
     pixels = np.clip(np.rint((values - low) * (255.0 / span)), 0, 255).astype(np.uint8)
     rgb = np.repeat(pixels, 3, axis=2) if pixels.shape[2] == 1 else pixels
-    shape, dtype, channels = item.shape, item.dtype, hwc.shape[2]
+    shape, dtype = item.shape, item.dtype
 
     def encode(picture: Array) -> Array:
         chosen = picture.astype(np.float32)
         if channels == 1:
             chosen = chosen.mean(axis=2, keepdims=True)
         tensor = chosen * np.float32(span / 255.0) + np.float32(low)
+        if alpha is not None:
+            tensor = np.concatenate([tensor, alpha.astype(np.float32)], axis=2)
         if chw:
             tensor = tensor.transpose(2, 0, 1)
         return np.ascontiguousarray(tensor.reshape(shape)).astype(dtype)

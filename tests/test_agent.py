@@ -114,8 +114,9 @@ def test_a_sensitive_image_never_reaches_the_gateway(
 ) -> None:
     agent = make_agent(served, served.device_token, detector)
     before = metric(served, "gateway_requests_total", model="ppocr-det")
+    received = len(served.backend.received.get("ppocr-det", []))  # type: ignore[attr-defined]
     with pytest.raises(PolicyRejected, match="may_not_leave") as info:
-        agent.infer("ppocr-det", picture("coffee", fetched), label="sensitive")
+        agent.infer("ppocr-det", picture("astronaut", fetched), label="sensitive")
     assert info.value.decision.action == Action.REJECT  # type: ignore[attr-defined]
     # defence in depth: even sent straight to the offload client, it does not leave
     request = InferRequest(
@@ -136,6 +137,8 @@ def test_a_sensitive_image_never_reaches_the_gateway(
             redacted=True,
         )
     assert metric(served, "gateway_requests_total", model="ppocr-det") == before
+    assert metric(served, "gateway_request_failures_total", model="ppocr-det") == 0
+    assert len(served.backend.received.get("ppocr-det", [])) == received  # type: ignore[attr-defined]
     assert agent.offload.guard.refusals == {"sensitive": 1, "still_identifiable": 1}
     agent.close()
 
@@ -280,3 +283,56 @@ def test_hybrid_benchmark_answers_everything_with_the_gateway_killed() -> None:
     outage = report["gateway_killed_halfway"]
     assert outage["errors"] == 0 and outage["answered"] == 360 and outage["degraded"] > 0
     assert outage["max_ms"] < report["deadline_ms"] + 50
+
+
+class SilentServer:
+    """Accepts connections and never answers: a gateway that hangs."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[Any] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for connection in self.held:
+            connection.close()
+
+
+def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceDetector) -> None:
+    server = SilentServer()
+    agent = make_agent(f"127.0.0.1:{server.port}", "cam-01.x", detector)
+    try:
+        digits = {"pixels": low_and_high_confidence()[1]}
+        for _ in range(3):
+            started = time.monotonic()
+            result = agent.infer("digits-heavy", digits, deadline_ms=200)  # cloud-only: offloaded
+            elapsed = time.monotonic() - started
+            assert result.degraded and result.model == "digits-light"  # the light stand-in
+            assert elapsed < 0.25, elapsed  # the stand-in's time was kept in reserve
+    finally:
+        agent.close()
+        server.close()
+
+
+def test_an_unknown_label_is_an_input_error(served: GatewayHandle) -> None:
+    from edge_agent.errors import InputError
+
+    agent = make_agent(served, served.device_token, None)
+    with pytest.raises(
+        InputError, match="unknown label 'Sensitive'; expected one of public, personal, sensitive"
+    ):
+        agent.infer("digits-light", {"pixels": low_and_high_confidence()[1]}, label="Sensitive")
+    agent.close()

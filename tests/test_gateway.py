@@ -387,7 +387,7 @@ class SlowBackend(EmbeddedBackend):
 
 
 def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
-    _, body = http_request(handle.http_url, "/metrics")
+    _, body = http_request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
     text = body.decode() if isinstance(body, bytes) else json.dumps(body)
     wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     total = 0.0
@@ -581,3 +581,89 @@ def test_metrics_count_requests_failures_devices_and_latency(tmp_path: Path) -> 
         )
     finally:
         handle.thread.stop()
+
+
+def test_metrics_need_a_token_by_default_and_survive_a_reload(tmp_path: Path) -> None:
+    repository = small_repository(tmp_path)
+    handle = start_gateway(tmp_path, repository, poll_interval_s=0.1)
+    try:
+        assert http_request(handle.http_url, "/metrics")[0] == 401  # it names the fleet's devices
+        assert metric(handle, "gateway_model_loaded", model="digits-light") == 1
+        manifest = repository / "digits-light" / "1" / "manifest.json"
+        manifest.write_text(manifest.read_text())  # touched: reloaded in place
+        time.sleep(0.6)
+        assert metric(handle, "gateway_model_loaded", model="digits-light") == 1
+        x = heldout(1)
+        for name in ("junk-a", "junk-b"):
+            with pytest.raises(InferenceServerException):
+                http_infer(handle, name, x)
+        assert metric(handle, "gateway_requests_total", model="unknown", status="not_found") == 2
+        _, text = http_request(
+            handle.http_url, "/metrics", headers=handle.headers(handle.admin_token)
+        )
+        assert b"junk-a" not in text  # client-chosen names make no series
+        post(
+            handle,
+            "/v2/models/digits-light/infer",
+            {"inputs": [pixels()]},
+            {"authorization": "Bearer nope"},
+        )
+        assert (
+            metric(
+                handle,
+                "gateway_request_failures_total",
+                model="digits-light",
+                status="unauthenticated",
+            )
+            == 1
+        )
+    finally:
+        handle.thread.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "message"),
+    [
+        ("/v2/models/digits-light/versions/%C2%B2", None, {}, 404, "has no version"),
+        (
+            "/v2/models/digits-light/infer",
+            b"{}",
+            {"Inference-Header-Content-Length": "\xb2"},
+            400,
+            "must be a non-negative integer",
+        ),
+        ("/v2/models/digits-light/infer", b"[" * 100_000, {}, 400, "nested too deeply"),
+        (
+            "/v2/models/digits-light/infer",
+            json.dumps({"inputs": [pixels(shape=[1] * 65, data=[0.0])]}).encode(),
+            {},
+            400,
+            "at most 32",
+        ),
+        (
+            "/v2/models/digits-light/infer",
+            json.dumps({"inputs": [pixels(shape=[0, 2**64], data=[])]}).encode(),
+            {},
+            400,
+            "too large",
+        ),
+    ],
+)
+def test_inputs_that_once_gave_a_500(
+    gateway: GatewayHandle,
+    path: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    status: int,
+    message: str,
+) -> None:
+    got, document = http_request(gateway.http_url, path, body, {**gateway.headers(), **headers})
+    assert got == status and message in document["error"]
+
+
+def test_grpc_unicode_version_is_not_found(gateway: GatewayHandle) -> None:
+    client = tgrpc.InferenceServerClient(gateway.grpc_url)
+    code, message = grpc_status(
+        lambda: client.get_model_metadata("digits-light", "²", headers=gateway.headers())
+    )
+    assert code == "StatusCode.NOT_FOUND" and "has no version" in message

@@ -97,14 +97,19 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
             ssl=True,
             root_certificates=str(tmp_path / "ca.pem"),
         )
-        with pytest.raises(InferenceServerException):
+        with pytest.raises(InferenceServerException) as info:
             anonymous.is_server_live(client_timeout=5)
+        assert info.value.status() == "StatusCode.UNAVAILABLE"  # the handshake was refused
         # HTTPS with the same certificates
         context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
         context.load_cert_chain(str(tmp_path / "client.pem"), str(tmp_path / "client.key"))
         url = f"https://localhost:{handle.gateway.http_port}/v2/health/live"
         with urllib.request.urlopen(url, context=context, timeout=10) as response:
             assert response.status == 200
+        # HTTPS without a client certificate is refused as well
+        bare = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)):
+            urllib.request.urlopen(url, context=bare, timeout=10)
         # plain HTTP on the TLS port does not get through
         with pytest.raises((ConnectionError, http.client.HTTPException, urllib.error.URLError)):
             urllib.request.urlopen(

@@ -214,3 +214,36 @@ def test_grpc_transport_over_tls(tmp_path: Path) -> None:
             transport.close()
     finally:
         handle.thread.stop()
+
+
+def test_an_unexpected_transport_error_counts_and_never_sticks_the_breaker() -> None:
+    clock = Clock()
+    transport = FakeTransport(clock, [ValueError("Cannot invoke RPC on closed channel!")] * 5)
+    offload = client(
+        transport, clock, breaker=CircuitBreaker(failures=1, cooldown_s=1.0, clock=clock)
+    )
+    with pytest.raises(OffloadUnavailable, match="closed channel"):
+        offload.infer(make_request(), deadline=1.0)
+    assert offload.breaker.state == "open"
+    clock.now += 1.1
+    with pytest.raises(OffloadUnavailable):
+        offload.infer(make_request(), deadline=clock.now + 1.0)  # the probe fails too
+    assert offload.breaker.state == "open"
+    clock.now += 1.1
+    transport.errors.clear()
+    assert offload.infer(make_request(), deadline=clock.now + 1.0).model_name == "m"
+    assert offload.breaker.state == "closed"
+
+
+def test_deadlines_too_short_for_any_gateway_do_not_open_the_breaker() -> None:
+    clock = Clock()
+    transport = FakeTransport(clock, [OffloadTimeout("slow")] * 10)
+    offload = client(transport, clock, breaker=CircuitBreaker(failures=2, clock=clock))
+    for _ in range(4):
+        with pytest.raises(OffloadTimeout):
+            offload.infer(make_request(), deadline=clock.now + 0.005)
+    assert offload.breaker.state == "closed"
+    for _ in range(2):
+        with pytest.raises(OffloadTimeout):
+            offload.infer(make_request(), deadline=clock.now + 0.5)
+    assert offload.breaker.state == "open"

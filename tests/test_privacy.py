@@ -158,3 +158,47 @@ def test_exit_guard_without_a_detector_refuses_pictures() -> None:
     with pytest.raises(PrivacyRefusal, match="cannot be searched for faces"):
         guard.check(request(picture), label=None, redacted=False)
     assert guard.refusals == {"unsearchable": 1}
+
+
+def rgba(image: np.ndarray) -> np.ndarray:
+    return np.concatenate([image, np.full((*image.shape[:2], 1), 255, np.uint8)], axis=2)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        lambda a: a,  # one HWC picture, no batch dimension
+        lambda a: a.astype(np.float32) / 255,
+        lambda a: cv2.cvtColor(a, cv2.COLOR_RGB2GRAY),  # 2-D grey
+        lambda a: cv2.cvtColor(a, cv2.COLOR_RGB2GRAY)[None],  # a batch of grey pictures
+        lambda a: rgba(a)[None],  # with an alpha channel
+        lambda a: a.transpose(2, 0, 1)[None, None].astype(np.float32),  # 5-D
+    ],
+)
+def test_every_picture_layout_is_searched_and_redacted(detector: FaceDetector, layout) -> None:  # type: ignore[no-untyped-def]
+    array = layout(data.astronaut())
+    inspector = PrivacyInspector(detector)
+    findings = inspector.inspect({"x": array})
+    assert findings.kinds == {"faces"}
+    redacted, after = inspector.redact({"x": array}, findings)
+    assert after.kinds == frozenset() and after.images == 1
+    assert redacted["x"].shape == array.shape and redacted["x"].dtype == array.dtype
+    guard = ExitGuard(inspector, PolicyRules())
+    with pytest.raises(PrivacyRefusal, match="not redacted"):
+        guard.check(request({"x": array}), label=None, redacted=False)
+    guard.check(request(redacted), label=None, redacted=True)
+
+
+def test_a_tensor_that_may_be_a_picture_but_cannot_be_read_is_refused(
+    detector: FaceDetector,
+) -> None:
+    two_channels = np.stack([data.camera()] * 2, axis=2)[None]
+    guard = ExitGuard(PrivacyInspector(detector), PolicyRules())
+    with pytest.raises(PrivacyRefusal, match="cannot be searched"):
+        guard.check(request({"x": two_channels}), label=None, redacted=False)
+    # unless the operator lets faces leave freely
+    relaxed = ExitGuard(
+        PrivacyInspector(detector),
+        PolicyRules(finding_labels={"faces": "public", "pii": "sensitive"}),
+    )
+    relaxed.check(request({"x": two_channels}), label=None, redacted=False)

@@ -87,8 +87,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
-            device = self._device(context)
-            infer_request = request_from_proto(request)
+            try:
+                device = self._device(context)
+                infer_request = request_from_proto(request)
+            except Exception as exc:
+                self.plane.count_failure(request.model_name, "grpc", exc)
+                raise
             remaining = context.time_remaining()
             deadline = None if remaining is None else self.plane._clock() + remaining
             response = await self.plane.infer(

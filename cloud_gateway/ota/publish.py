@@ -36,6 +36,7 @@ from typing import Any
 
 from cloud_gateway.ota.keys import ROLES, KeyStore
 from edge_agent.errors import ConfigError, PackageError
+from edge_agent.fields import is_decimal
 from edge_agent.ota.crypto import CHUNK_SIZE, encrypt_file, wrap_key
 from edge_agent.package import MANIFEST, load_package
 
@@ -93,7 +94,7 @@ class OtaRepository:
         versions = [
             int(p.name.split(".", 1)[0])
             for p in self.metadata_dir.glob(f"*.{role}.json")
-            if p.name.split(".", 1)[0].isdigit()
+            if is_decimal(p.name.split(".", 1)[0])
         ]
         if not versions:
             raise ConfigError(f"the OTA repository has no {role} metadata", path=self.root)
@@ -305,7 +306,7 @@ def _package_archive(
     root = model_file.resolve().parent
     if not (root / MANIFEST).is_file():
         raise PackageError(f"{model_file} is not in a model package (no {MANIFEST} beside it)")
-    package = load_package(root) if root.name.isdigit() else _load_anywhere(root)
+    package = load_package(root) if is_decimal(root.name) else _load_anywhere(root)
     variants = [v for v in package.variants if v.file == model_file.name]
     if not variants:
         raise PackageError(f"{model_file.name} is not a variant of {package.qualified_name}")

@@ -23,6 +23,7 @@ from cloud_gateway.metrics import CONTENT_TYPE
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.ota import add_ota_routes
 from edge_agent.errors import EdgeError
+from edge_agent.fields import is_decimal
 from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
 
 __all__ = ["create_app"]
@@ -118,7 +119,7 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None:
-            if not declared.isdigit():
+            if not is_decimal(declared):
                 raise BadRequest("Content-Length must be a non-negative integer")
             if int(declared) > max_body:
                 raise PayloadTooLarge(
@@ -183,12 +184,16 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
         openapi_extra=_INFER_BODY,
     )
     async def infer(request: Request, name: str, version: str = "") -> Response:
-        device = authenticate(request)
-        body = await read_body(request)
-        header = request.headers.get(HEADER_LENGTH)
-        if header is not None and not header.isdigit():
-            raise BadRequest(f"{HEADER_LENGTH} must be a non-negative integer")
-        infer_request = decode_infer_request(body, int(header) if header is not None else None)
+        try:
+            device = authenticate(request)
+            body = await read_body(request)
+            header = request.headers.get(HEADER_LENGTH)
+            if header is not None and not is_decimal(header):
+                raise BadRequest(f"{HEADER_LENGTH} must be a non-negative integer")
+            infer_request = decode_infer_request(body, int(header) if header is not None else None)
+        except (GatewayError, EdgeError) as exc:
+            plane.count_failure(name, "http", exc)
+            raise
         infer_request.model_name = name
         infer_request.model_version = version
         response = await plane.infer(infer_request, device=device, protocol="http")

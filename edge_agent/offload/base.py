@@ -2,7 +2,10 @@
 
 A transport is a small seam (``infer(request, timeout=, request_id=)``) in the
 manner of httpx's transports: gRPC (:mod:`.grpc`) and HTTP (:mod:`.http`)
-implement it, MQTT later; tests and the exit guard wrap it. A transport
+implement it, MQTT later. Transports are the client's internals: what leaves
+the device goes through :class:`~edge_agent.offload.client.OffloadClient`,
+whose exit guard checks every request; code that calls a transport itself
+bypasses that check. A transport
 translates its library's errors into the agent's offload errors:
 :class:`OffloadUnavailable` (retryable), :class:`OffloadTimeout`,
 :class:`OffloadRejected`.

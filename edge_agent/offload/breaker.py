@@ -72,6 +72,11 @@ class CircuitBreaker:
             self._failures = 0
             self._probing = False
 
+    def release(self) -> None:
+        """Nothing was learnt from the request allowed: a half-open breaker may probe again."""
+        with self._lock:
+            self._probing = False
+
     def failure(self) -> None:
         with self._lock:
             self._failures += 1

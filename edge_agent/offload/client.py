@@ -5,8 +5,11 @@
 - Retries: only when the gateway was unavailable (connection refused,
   UNAVAILABLE, 503), at most ``retries`` times, after a jittered, doubling
   pause that also fits the deadline. A timeout or a refusal is not retried.
-- Circuit breaker: unavailability and timeouts count as failures; an open
-  breaker refuses at once (:class:`BreakerOpen`), so a dead link costs nothing.
+- Circuit breaker: unavailability and timeouts count as failures (a timeout
+  only when the attempt had at least ``min_budget_s``: a deadline too short for
+  any gateway says nothing about the link); an open breaker refuses at once
+  (:class:`BreakerOpen`), so a dead link costs nothing. Whatever a transport
+  raises, the breaker hears of it: it never stays half-open on an error.
 - Privacy: every request is checked by the :class:`ExitGuard` before it reaches
   the transport (without one given, a guard with the default rules and no face
   detector: it refuses any picture it cannot search); its refusals do not count
@@ -45,6 +48,7 @@ class OffloadClient:
         breaker: CircuitBreaker | None = None,
         retries: int = 2,
         backoff_s: float = 0.02,
+        min_budget_s: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
@@ -54,6 +58,7 @@ class OffloadClient:
         self.breaker = breaker or CircuitBreaker(clock=clock)
         self.retries = retries
         self.backoff_s = backoff_s
+        self.min_budget_s = min_budget_s
         self._clock = clock
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -86,7 +91,7 @@ class OffloadClient:
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
-                self.breaker.failure()
+                self.breaker.release()  # nothing was sent: nothing learnt about the link
                 raise OffloadTimeout("the deadline passed before the request could be sent")
             self.attempts += 1
             try:
@@ -101,11 +106,19 @@ class OffloadClient:
                 self._sleep(pause)
                 continue
             except OffloadTimeout:
-                self.breaker.failure()
+                if remaining >= self.min_budget_s:
+                    self.breaker.failure()
+                else:
+                    self.breaker.release()
                 raise
             except OffloadRejected:
                 self.breaker.success()  # the link works; the request was wrong
                 raise
+            except Exception as exc:  # a transport's own bug or a closed channel
+                self.breaker.failure()
+                raise OffloadUnavailable(
+                    f"the {self.transport.name} transport failed: {exc!r}"
+                ) from exc
             self.breaker.success()
             return response
 

@@ -69,7 +69,9 @@ class ExitGuard:
                     + ", ".join(sorted(findings.kinds)),
                 )
         faces_matter = self.rules.leave_mode(self.rules.finding_labels["faces"]) != "free"
-        if faces_matter and self.inspector.unsearchable_images(request.inputs, pre):
+        if faces_matter and findings.unsearchable:
             raise self._refuse(
-                "unsearchable", "refused: a picture cannot be searched for faces on this device"
+                "unsearchable",
+                f"refused: {', '.join(findings.unsearchable)} may hold a picture that cannot be "
+                "searched for faces here",
             )

@@ -35,7 +35,6 @@ class HttpTransport(Transport):
         if "://" not in base_url:
             base_url = ("https://" if tls else "http://") + base_url
         verify: Any = True
-        cert: Any = None
         if tls is not None:
             import ssl
 
@@ -44,7 +43,7 @@ class HttpTransport(Transport):
                 context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
             verify = context
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=base_url, headers=headers, verify=verify, cert=cert)
+        self._client = httpx.Client(base_url=base_url, headers=headers, verify=verify)
         self.base_url = base_url
 
     def infer(

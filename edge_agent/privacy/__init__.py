@@ -16,23 +16,28 @@ from typing import Any
 import numpy as np
 
 from edge_agent.package import ImagePreprocessing
-from edge_agent.preprocess import tensor_to_image
+from edge_agent.preprocess import ImageView, tensor_to_image
 from edge_agent.privacy.faces import Face, FaceDetector
 from edge_agent.privacy.redact import redact_faces
 from edge_agent.privacy.text import find_pii, mask_pii
 
-__all__ = ["FaceDetector", "Findings", "PrivacyInspector", "find_pii", "mask_pii"]
+__all__ = ["FaceDetector", "Findings", "PrivacyInspector", "find_pii", "mask_pii", "pictures"]
 
 Array = np.ndarray[Any, Any]
+
+
+# A tensor with two dimensions at least this long may be a picture.
+PICTURE_SIDE = 32
 
 
 @dataclass
 class Findings:
     """What the detectors found, by input name."""
 
-    faces: dict[str, list[list[Face]]] = field(default_factory=dict)  # per batch item
+    faces: dict[str, list[list[Face]]] = field(default_factory=dict)  # per picture
     pii: dict[str, list[str]] = field(default_factory=dict)  # kinds found
-    images: int = 0  # image items searched
+    images: int = 0  # pictures searched
+    unsearchable: list[str] = field(default_factory=list)  # inputs that may be pictures, unread
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -48,26 +53,69 @@ class Findings:
         return sum(len(item) for items in self.faces.values() for item in items)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "faces": self.face_count,
             "pii": sorted({kind for kinds in self.pii.values() for kind in kinds}),
             "images_searched": self.images,
         }
+        if self.unsearchable:
+            out["unsearchable"] = self.unsearchable
+        return out
 
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _looks_like_a_picture(array: Array) -> bool:
+    return sum(1 for d in array.shape if d >= PICTURE_SIDE) >= 2
+
+
+def pictures(
+    array: Array, pre: ImagePreprocessing | None
+) -> list[tuple[tuple[int, ...], ImageView]]:
+    """The pictures an input holds, with where each is (an index into the array).
+
+    With the manifest's preprocessing, each batch item is one picture. Without
+    it, layouts are guessed: one 2-D grey picture, one 3-D picture (HWC or CHW,
+    1, 3 or 4 channels), or a batch of them along the leading dimensions.
+    """
+    found: list[tuple[tuple[int, ...], ImageView]] = []
+    if pre is not None:
+        for index in range(len(array) if array.ndim else 0):
+            view = tensor_to_image(np.asarray(array[index]), pre)
+            if view is not None:
+                found.append(((index,), view))
+        return found
+    if array.ndim in (2, 3):
+        view = tensor_to_image(array, None)
+        if view is not None:
+            return [((), view)]
+    if array.ndim < 3:
+        return []
+    for index in np.ndindex(*array.shape[: array.ndim - 3] if array.ndim >= 4 else array.shape[:1]):
+        item = np.asarray(array[index])
+        view = tensor_to_image(item, None)
+        if view is not None:
+            found.append((tuple(index), view))
+    return found
+
+
 class PrivacyInspector:
     """Finds faces and personal data in tensors, and redacts them.
 
-    ``faces`` is ``None`` on a device without the BlazeFace model: images are
-    then not searched, which the exit guard treats as "cannot prove clean".
+    ``faces`` is ``None`` on a device without the BlazeFace model: pictures are
+    then not searched, and are reported as unsearchable, which the exit guard
+    treats as "cannot prove clean". So is any tensor that may be a picture but
+    whose layout cannot be read: the guard fails closed.
     """
 
     def __init__(self, faces: FaceDetector | None) -> None:
         self.detector = faces
+
+    @staticmethod
+    def _pre(name: str, preprocessing: ImagePreprocessing | None) -> ImagePreprocessing | None:
+        return preprocessing if preprocessing is not None and preprocessing.input == name else None
 
     def inspect(
         self, inputs: dict[str, Array], preprocessing: ImagePreprocessing | None = None
@@ -79,35 +127,18 @@ class PrivacyInspector:
                 if kinds:
                     findings.pii[name] = kinds
                 continue
-            pre = (
-                preprocessing if preprocessing is not None and preprocessing.input == name else None
-            )
-            items = []
-            for item in array:
-                view = tensor_to_image(np.asarray(item), pre)
-                if view is None or self.detector is None:
-                    continue
-                findings.images += 1
-                items.append(self.detector.detect(view.rgb))
-            if items:
-                findings.faces[name] = items
+            found = pictures(array, self._pre(name, preprocessing))
+            searchable = [view for _, view in found if min(view.rgb.shape[:2]) >= PICTURE_SIDE]
+            if (not found and _looks_like_a_picture(array)) or (
+                searchable and self.detector is None
+            ):
+                findings.unsearchable.append(name)
+                continue
+            if self.detector is None or not searchable:
+                continue
+            findings.images += len(searchable)
+            findings.faces[name] = [self.detector.detect(view.rgb) for _, view in found]
         return findings
-
-    def unsearchable_images(
-        self, inputs: dict[str, Array], preprocessing: ImagePreprocessing | None = None
-    ) -> bool:
-        """Whether some input is an image that cannot be searched (no face detector)."""
-        if self.detector is not None:
-            return False
-        for name, array in inputs.items():
-            pre = (
-                preprocessing if preprocessing is not None and preprocessing.input == name else None
-            )
-            if array.dtype.kind in "uif" and array.ndim >= 1 and len(array):
-                view = tensor_to_image(np.asarray(array[0]), pre)
-                if view is not None and min(view.rgb.shape[:2]) >= 32:
-                    return True
-        return False
 
     def redact(
         self,
@@ -122,20 +153,15 @@ class PrivacyInspector:
                 masked = np.empty(inputs[name].size, dtype=object)
                 masked[:] = [mask_pii(_text(v))[0].encode() for v in inputs[name].ravel()]
                 out[name] = masked.reshape(inputs[name].shape)
-        for name, per_item in findings.faces.items():
-            if not any(per_item) or self.detector is None:
+        for name, per_picture in findings.faces.items():
+            if not any(per_picture) or self.detector is None:
                 continue
-            pre = (
-                preprocessing if preprocessing is not None and preprocessing.input == name else None
-            )
             array = np.array(inputs[name], copy=True)
-            for index, faces in enumerate(per_item):
-                if not faces:
-                    continue
-                view = tensor_to_image(array[index], pre)
-                if view is None:
-                    continue
-                redacted, _ = redact_faces(view.rgb, faces, self.detector)
-                array[index] = view.encode(redacted)
+            for (where, view), faces in zip(
+                pictures(array, self._pre(name, preprocessing)), per_picture, strict=True
+            ):
+                if faces:
+                    redacted, _ = redact_faces(view.rgb, faces, self.detector)
+                    array[where] = view.encode(redacted)
             out[name] = array
         return out, self.inspect(out, preprocessing)

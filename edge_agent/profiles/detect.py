@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.errors import ProfileError
+from edge_agent.fields import is_decimal
 from edge_agent.profiles.schema import DeviceProfile
 
 __all__ = ["Detection", "DeviceFacts", "detect_profile", "match_profile", "read_facts"]
@@ -118,7 +119,7 @@ def read_facts(root: Path = Path("/")) -> DeviceFacts:
     for line in _read_text(root / "proc/meminfo").splitlines():
         if line.startswith("MemTotal:"):
             parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
+            if len(parts) >= 2 and is_decimal(parts[1]):
                 memory_mb = int(parts[1]) // 1024
     return DeviceFacts(
         arch=arch,

@@ -56,6 +56,8 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memo
         document = json.loads(header)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("the request body is nested too deeply") from None
     if not isinstance(document, dict):
         raise ProtocolError("the request body must be a JSON object")
     return document, rest

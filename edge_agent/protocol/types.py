@@ -85,15 +85,29 @@ def check_datatype(datatype: Any, where: str) -> str:
     return datatype
 
 
+MAX_DIMENSIONS = 32  # NumPy's own limit is 64; no model here has more than a handful
+MAX_ELEMENTS = 1 << 40
+
+
 def check_shape(shape: Any, where: str) -> list[int]:
-    """A shape given on the wire, validated: a list of non-negative integers."""
+    """A shape given on the wire, validated: at most 32 non-negative integers, of a
+    product NumPy can allocate."""
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise ProtocolError(
-            f"{where}: shape must be a list of non-negative integers, got {shape!r}"
+            f"{where}: shape must be a list of non-negative integers, got {_short(shape)}"
         )
+    if len(shape) > MAX_DIMENSIONS:
+        raise ProtocolError(f"{where}: {len(shape)} dimensions; at most {MAX_DIMENSIONS}")
+    if any(d > MAX_ELEMENTS for d in shape) or (all(shape) and math.prod(shape) > MAX_ELEMENTS):
+        raise ProtocolError(f"{where}: shape {_short(shape)} is too large")
     return list(shape)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def element_count(shape: list[int]) -> int:

@@ -195,9 +195,11 @@ class LiteRTSession(Session):
         )
 
     def _run(self, feeds: dict[str, Array]) -> dict[str, Array]:
-        interpreter = self._interpreter
         try:
             with self._lock:
+                interpreter = self._interpreter
+                if interpreter is None:
+                    raise InferenceError("the model was closed")
                 for binding in self._inputs:
                     value = feeds[binding.spec.name]
                     if binding.quant is not None:
@@ -236,4 +238,5 @@ class LiteRTSession(Session):
         return call
 
     def close(self) -> None:
-        self._interpreter = None
+        with self._lock:  # a run in progress finishes first
+            self._interpreter = None
