@@ -4,10 +4,11 @@
     cloud-gateway device add DEVICE_ID --group GROUP [--admin] [--replace] [--bundle FILE]
     cloud-gateway device revoke DEVICE_ID
     cloud-gateway device list
-    cloud-gateway keys init --dir DIR
+    cloud-gateway keys init --dir DIR [--force --repository OTA_DIR]
     cloud-gateway keys rotate --dir DIR --role ROLE --repository OTA_DIR
     cloud-gateway models publish --repository OTA_DIR --keys DIR --name N --version V --file MODEL
                                  [--group G ...] [--profile P ...]
+    cloud-gateway models withdraw --repository OTA_DIR --keys DIR --name N --version V
     cloud-gateway ota refresh --repository OTA_DIR --keys DIR
     cloud-gateway rollout start --name N --version V --group G --percent P
     cloud-gateway rollout status [--name N]
@@ -95,7 +96,10 @@ def _device_add(args: argparse.Namespace) -> int:
         raise EdgeError(str(exc)) from None
     print(f"device {args.device_id} (group {args.group}) added to {registry.path}", file=sys.stderr)
     state = _state_dir(args)
-    private, _ = GroupKeys(state).ensure(args.group)
+    try:
+        private, _ = GroupKeys(state).ensure(args.group)
+    except ValueError as exc:
+        raise EdgeError(str(exc)) from None
     ota = _ota_dir(args)
     has_root = ota is not None and (ota / "metadata" / "root.json").is_file()
     root = OtaRepository(ota).root_bytes() if ota is not None and has_root else None
@@ -122,7 +126,7 @@ def _device_add(args: argparse.Namespace) -> int:
 def _keys_init(args: argparse.Namespace) -> int:
     from cloud_gateway.ota.keys import KeyStore
 
-    KeyStore(args.dir).init(force=args.force)
+    KeyStore(args.dir).init(force=args.force, repository=args.repository)
     print(f"signing keys for root, targets, snapshot and timestamp in {args.dir} (private 0600)")
     return 0
 
@@ -150,6 +154,8 @@ def _publish(args: argparse.Namespace) -> int:
         groups = {group: keys.public(group) for group in args.group}
     except KeyError as exc:
         raise EdgeError(str(exc.args[0])) from None
+    except ValueError as exc:
+        raise EdgeError(str(exc)) from None
     result = repository.publish(
         name=args.name,
         version=args.version,
@@ -161,6 +167,18 @@ def _publish(args: argparse.Namespace) -> int:
         f"published {result.name} v{result.version}: {result.length} bytes "
         f"(sha256 {result.sha256[:16]}...) for {', '.join(result.groups)}; "
         f"targets metadata v{result.targets_version}"
+    )
+    return 0
+
+
+def _withdraw(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.keys import KeyStore
+    from cloud_gateway.ota.publish import OtaRepository
+
+    version = OtaRepository(args.repository, KeyStore(args.keys)).withdraw(args.name, args.version)
+    print(
+        f"withdrew {args.name} v{args.version}: targets metadata v{version} marks it withdrawn; "
+        "devices no longer install it, and those running it go back to their previous version"
     )
     return 0
 
@@ -205,11 +223,12 @@ def _rollout_status(args: argparse.Namespace) -> int:
     if not rollouts:
         print("no rollouts")
     for r in rollouts:
-        stats = store.stats(r.name, r.version)
+        stats = store.stats(r.name, r.version, r.group)
         reason = f"  ({r.reason})" if r.reason else ""
         print(
             f"{r.name:20} v{r.version:<4} {r.group:16} {r.percent:5g}%  {r.state:8} "
-            f"installed {stats['installed']}, failed {stats['failed']}{reason}"
+            f"installed {stats['installed']}, failed {stats['failed']}, "
+            f"rolled back {stats['rolled_back']}{reason}"
         )
     return 0
 
@@ -224,6 +243,19 @@ def _rollout_state(state: str) -> Any:
             raise EdgeError(str(exc.args[0])) from None
         for r in changed:
             print(f"rollout of {r.name} v{r.version} to {r.group}: {r.state}")
+        if state == "aborted":
+            versions = sorted({r.version for r in changed})
+            print(
+                "note: devices that installed "
+                + ", ".join(f"v{v}" for v in versions)
+                + " keep running it until it is withdrawn in the signed metadata: "
+                + "; ".join(
+                    f"cloud-gateway models withdraw --repository OTA_DIR --keys DIR "
+                    f"--name {args.name} --version {v}"
+                    for v in versions
+                ),
+                file=sys.stderr,
+            )
         return 0
 
     return run
@@ -294,7 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     keys_init = key_commands.add_parser("init", help="create Ed25519 keys for the four roles")
     keys_init.add_argument("--dir", type=Path, required=True)
-    keys_init.add_argument("--force", action="store_true", help="overwrite existing keys")
+    keys_init.add_argument(
+        "--force",
+        action="store_true",
+        help="replace existing keys (kept in retired-*/), only for a repository without metadata",
+    )
+    keys_init.add_argument(
+        "--repository", type=Path, help="with --force: the OTA repository the keys are for"
+    )
     keys_init.set_defaults(run=_keys_init)
     rotate = key_commands.add_parser("rotate", help="replace a role's key (a new root names it)")
     rotate.add_argument("--dir", type=Path, required=True)
@@ -319,6 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     publish.add_argument("--profile", action="append", help="a target device profile (repeatable)")
     publish.set_defaults(run=_publish)
+    withdraw = model_commands.add_parser(
+        "withdraw", help="mark a published version withdrawn in new signed metadata"
+    )
+    withdraw.add_argument("--repository", type=Path, required=True, help="the OTA repository")
+    withdraw.add_argument("--keys", type=Path, required=True, help="the signing keys")
+    withdraw.add_argument("--name", required=True)
+    withdraw.add_argument("--version", type=int, required=True)
+    withdraw.set_defaults(run=_withdraw)
 
     ota = commands.add_parser("ota", help="the OTA repository")
     ota_commands = ota.add_subparsers(dest="ota_command", metavar="ACTION", required=True)

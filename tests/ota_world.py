@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from cloud_gateway import GatewayConfig, GatewayThread
@@ -109,13 +110,21 @@ class OtaWorld:
         url: str | None = None,
         profile: str = "raspberry-pi-5",
         hooks: dict[str, Any] | None = None,
+        transport: GatewayTransport | None = None,
         **settings: Any,
     ) -> OtaUpdater:
+        hooks = dict(hooks or {})
+        if transport is not None:
+            hooks["client"] = httpx.Client(
+                base_url=url or self.url,
+                transport=transport,
+                headers={"authorization": f"Bearer {device.enrollment.token}"},
+            )
         updater = OtaUpdater(
             UpdateSettings(url=url or self.url, state_dir=device.state, **settings),
             device.enrollment,
             ProfileStore(PROFILES).get(profile),
-            **(hooks or {}),
+            **hooks,
         )
         self.updaters.append(updater)
         return updater
@@ -148,6 +157,37 @@ def make_world(tmp: Path) -> OtaWorld:
     return OtaWorld(
         tmp, keys, repo, state, gateway, GroupKeys(state), RolloutStore(state / "rollouts.sqlite")
     )
+
+
+class GatewayTransport(httpx.HTTPTransport):
+    """The real gateway, seen through a transport that records every request and can
+    answer some itself (``answer(request)`` returns a response, or ``None`` to pass):
+    a compromised or broken gateway, at the updater's ``client`` seam."""
+
+    def __init__(self, answer: Any = None) -> None:
+        super().__init__()
+        self.answer = answer
+        self.requests: list[tuple[str, str]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((request.method, request.url.path))
+        response = self.answer(request) if self.answer is not None else None
+        return response if response is not None else super().handle_request(request)
+
+    def blob_requests(self) -> list[str]:
+        return [path for _, path in self.requests if "/v2/ota/targets/models/" in path]
+
+
+def plan_answer(body: bytes | Any) -> Any:
+    """An ``answer`` for :class:`GatewayTransport` that serves ``body`` as the plan."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+
+    def answer(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path == "/v2/ota/plan":
+            return httpx.Response(200, content=content)
+        return None
+
+    return answer
 
 
 class CuttingProxy:

@@ -5,6 +5,7 @@ serving its current model (:func:`assert_serves`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,13 +17,24 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
+from cloud_gateway.ota.keys import KeyStore
+from cloud_gateway.ota.publish import OtaRepository
 from edge_agent.agent import Agent, LayeredSource
 from edge_agent.assemble import OtaSource
-from edge_agent.errors import DownloadError, MetadataError, NoKeyError
+from edge_agent.errors import (
+    ConfigError,
+    DownloadError,
+    MetadataError,
+    ModelNotFoundError,
+    NoKeyError,
+    UpdateError,
+)
 from edge_agent.ota import smoke_test
 from edge_agent.ota.crypto import (
     decrypt_blob,
@@ -45,10 +57,12 @@ from .ota_world import (
     LIGHT_INT8,
     CuttingProxy,
     Device,
+    GatewayTransport,
     OtaWorld,
     big_package,
     broken_package,
     make_world,
+    plan_answer,
 )
 
 PROFILE = ProfileStore(PROFILES).get("raspberry-pi-5")
@@ -402,7 +416,7 @@ def test_a_partial_slot_never_becomes_active(world: OtaWorld) -> None:
     assert_serves(world, device, 2)
 
 
-def test_rollback_by_hand(world: OtaWorld) -> None:
+def test_rollback_by_hand_sticks(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
     world.updater(device).check()
@@ -410,7 +424,20 @@ def test_rollback_by_hand(world: OtaWorld) -> None:
     previous = world.updater(device).rollback("digits-light")
     assert previous.version == 2
     assert_serves(world, device, 2)
-    assert world.rollouts.device_status("cam-01", "digits-light", 2) == "rolled_back"
+    # the gateway hears which version the device left, and does not offer it again
+    assert world.rollouts.device_status("cam-01", "digits-light", 3) == "rolled_back"
+    transport = GatewayTransport()
+    outcomes = world.updater(device, transport=transport).check()
+    assert [(o.version, o.status) for o in outcomes] == [(2, "current")]
+    assert transport.blob_requests() == []
+    assert_serves(world, device, 2)
+    # until the operator starts its rollout again: then the kept slot is used, not a download
+    world.rollouts.start("digits-light", 3, GROUP, 100)
+    transport = GatewayTransport()
+    outcomes = world.updater(device, transport=transport).check()
+    assert [(o.version, o.status) for o in outcomes] == [(3, "installed")]
+    assert transport.blob_requests() == []
+    assert_serves(world, device, 3)
 
 
 def test_key_rotation_is_followed(world: OtaWorld) -> None:
@@ -493,3 +520,484 @@ def test_kill_9_at_twenty_points_of_the_install_leaves_a_valid_model(
         assert run_installer(device, world.url).returncode == 0, point
         assert_serves(world, device, 3)
         assert_serves(world, device, 1, name="big")
+
+
+# -- going back: only on signed evidence ------------------------------------------------------------
+
+
+def test_a_plan_naming_an_older_version_does_not_move_the_device(world: OtaWorld) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.updater(device).check()
+    # a compromised gateway's plan: back to v2, which the signed metadata still offers
+    forged = {"models": [{"name": "digits-light", "version": 2}]}
+    transport = GatewayTransport(plan_answer(forged))
+    outcome = world.updater(device, transport=transport).check()[0]
+    assert outcome.status == "skipped"
+    assert "does not withdraw v3" in outcome.detail
+    assert_serves(world, device, 3)
+    assert world.rollouts.device_status("cam-01", "digits-light", 3) == "installed"
+
+
+def test_a_signed_withdrawal_takes_the_device_back(world: OtaWorld) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.updater(device).check()
+    # the operator aborts every rollout of the model: the plan says v3 is withdrawn...
+    world.rollouts.set_state("digits-light", None, None, "aborted")
+    outcomes = world.updater(device).check()
+    assert [(o.version, o.status) for o in outcomes] == [(3, "skipped")]
+    assert "aborted the rollout of v3" in outcomes[0].detail
+    assert "models withdraw" in outcomes[0].detail
+    assert_serves(world, device, 3)  # ...but the signed metadata does not (yet)
+    world.repo.withdraw("digits-light", 3)
+    outcomes = world.updater(device).check()
+    assert [(o.version, o.status) for o in outcomes if o.version == 3] == [(3, "rolled_back")]
+    assert "withdrawn in the signed metadata: back to v2" in outcomes[0].detail
+    assert_serves(world, device, 2)
+    assert world.rollouts.device_status("cam-01", "digits-light", 3) == "rolled_back"
+    # and it never goes back to v3, whatever a plan says
+    forged = {"models": [{"name": "digits-light", "version": 3}]}
+    transport = GatewayTransport(plan_answer(forged))
+    outcome = world.updater(device, transport=transport).check()[0]
+    assert outcome.status == "failed" and "withdrawn" in outcome.detail
+    assert transport.blob_requests() == []
+    assert_serves(world, device, 2)
+
+
+def test_an_older_rollout_and_a_withdrawal_take_the_device_back(world: OtaWorld) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.updater(device).check()
+    world.rollouts.set_state("digits-light", 3, GROUP, "aborted")  # v2's rollout is live
+    assert world.updater(device).check()[0].status == "skipped"
+    assert_serves(world, device, 3)
+    world.repo.withdraw("digits-light", 3)
+    outcome = world.updater(device).check()[0]
+    assert (outcome.version, outcome.status) == (3, "rolled_back")
+    assert_serves(world, device, 2)
+
+
+def test_a_withdrawn_version_is_never_installed(world: OtaWorld) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.repo.withdraw("digits-light", 3)
+    transport = GatewayTransport()
+    outcome = world.updater(device, transport=transport).check()[0]
+    assert outcome.status == "failed"
+    assert "v3 is withdrawn in the signed metadata" in outcome.detail
+    assert transport.blob_requests() == []
+    assert_serves(world, device, 2)
+    with pytest.raises(ConfigError, match="withdrawn already"):
+        world.repo.withdraw("digits-light", 3)
+    with pytest.raises(ConfigError, match="not published"):
+        world.repo.withdraw("digits-light", 9)
+
+
+def test_no_way_back_without_a_complete_previous_version(world: OtaWorld) -> None:
+    device = first_install(world)  # v2 alone: no previous slot
+    world.repo.withdraw("digits-light", 2)
+    outcome = world.updater(device).check()[0]
+    assert outcome.status == "skipped"
+    assert "no complete previous version" in outcome.detail
+    assert_serves(world, device, 2)
+
+
+# -- the unsigned plan ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[1]",
+        b'{"models": 5}',
+        b'{"models": [1]}',
+        b'{"models": [{"name": "digits-light", "version": "x"}]}',
+        b'{"models": [{"name": "digits-light", "version": true}]}',
+        b'{"models": [{"name": "digits-light", "version": 0}]}',
+        b'{"models": [{"name": "digits-light", "version": 1e3}]}',
+        b'{"models": [{"name": "../../etc", "version": 2}]}',
+        b'{"models": [{"name": null, "version": 2}]}',
+        b'{"models": [{"name": "digits-light", "version": 2, "withdrawn": "yes"}]}',
+        b"[" * 100_000,
+    ],
+)
+def test_a_malformed_plan_is_refused_whole(world: OtaWorld, body: bytes) -> None:
+    device = first_install(world)
+    updater = world.updater(device, transport=GatewayTransport(plan_answer(body)))
+    with pytest.raises(DownloadError, match="update plan"):
+        updater.check()
+    assert_serves(world, device, 2)
+
+
+def test_an_endless_plan_is_cut_at_64_kib(world: OtaWorld) -> None:
+    device = world.enroll("cam-01")
+    sent = [0]
+
+    def endless(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path != "/v2/ota/plan":
+            return None
+
+        def body() -> Iterator[bytes]:
+            yield b'{"models": [], "pad": "'
+            for _ in range(64):  # 64 MiB, if it were all read
+                sent[0] += 1 << 20
+                yield b"x" * (1 << 20)
+            yield b'"}'
+
+        return httpx.Response(200, content=body())
+
+    updater = world.updater(device, transport=GatewayTransport(endless))
+    with pytest.raises(DownloadError, match="over 65536 bytes"):
+        updater.check()
+    assert sent[0] <= 1 << 20  # it stopped at the first piece past the cap
+
+
+def test_an_unexpected_error_fails_one_model_not_the_check(world: OtaWorld, tmp_path: Path) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.release("big", 1, big_package(tmp_path, 2))
+
+    def on_step(step: str) -> None:
+        if step == "tag-verified:digits-light:0":
+            raise RuntimeError("a bug")
+
+    outcomes = {o.name: o for o in world.updater(device, hooks={"on_step": on_step}).check()}
+    assert outcomes["digits-light"].status == "failed"
+    assert "unexpected error: RuntimeError('a bug')" in outcomes["digits-light"].detail
+    assert outcomes["big"].status == "installed"
+    assert_serves(world, device, 2)
+    assert_serves(world, device, 1, name="big")
+
+
+def test_the_background_updater_survives_any_error(world: OtaWorld) -> None:
+    device = world.enroll("cam-01")
+    calls: list[str] = []
+
+    def on_step(step: str) -> None:
+        calls.append(step)
+        raise RuntimeError("a bug outside any one model")
+
+    updater = world.updater(device, hooks={"on_step": on_step}, interval_s=0.02, jitter_s=0)
+    thread = threading.Thread(target=updater.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    alive = thread.is_alive()
+    updater.stop()
+    thread.join(5)
+    assert alive and len(calls) >= 3
+
+
+def test_one_rule_for_model_names(world: OtaWorld) -> None:
+    from edge_agent.ota.plan import is_model_name
+
+    for good in ("digits-light", "a", "v1.2_x", "A" * 128):
+        assert is_model_name(good), good
+    for bad in ("", ".", "..", "a..b", "-a", ".hidden", "a/b", "a\n", "A" * 129, "é", 7):
+        assert not is_model_name(bad), bad
+    with pytest.raises(ConfigError, match=r"model name '\.\./x'"):
+        world.publish("../x", 1, LIGHT_INT8)
+    with pytest.raises(ConfigError, match="group 'a/b'"):
+        world.repo.publish(
+            name="digits-light", version=5, model_file=LIGHT_INT8, groups={"a/b": b"k" * 32}
+        )
+    device = world.enroll("cam-01")
+    store = world.store(device)
+    (store.models / ".." / "escaped").mkdir()
+    with pytest.raises(UpdateError, match="not a model name"):
+        store.prepare("../escaped")
+    assert store.active("../escaped") is None and store.previous("..") is None
+
+
+# -- the slots: power cuts, smoke tests, locks ---------------------------------------------------
+
+
+def test_a_slot_cut_while_being_emptied_is_no_previous_version(world: OtaWorld) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.updater(device).check()
+    store = world.store(device)
+    previous = store.previous("digits-light")
+    assert previous is not None and previous.version == 2
+    # what a power cut in the middle of removing the slot's files leaves
+    (previous.path / "key.json").unlink()
+    assert store.previous("digits-light") is None
+    with pytest.raises(ModelNotFoundError):
+        world.updater(device).rollback("digits-light")
+    with (previous.path / "key.json").open("w") as handle:
+        handle.write("{}")
+    with (previous.path / "payload").open("r+b") as handle:
+        handle.truncate(100)
+    assert store.previous("digits-light") is None
+    assert_serves(world, device, 3)
+    # the next install empties the slot by a rename first, and clears what a cut left there
+    (store.trash / "digits-light.a.leftover").mkdir()
+    world.release("digits-light", 4, LIGHT_INT8)
+    assert world.updater(device).check()[0].status == "installed"
+    assert list(store.trash.iterdir()) == []
+    assert_serves(world, device, 4)
+
+
+def test_a_failed_smoke_test_keeps_the_previous_version(world: OtaWorld, tmp_path: Path) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.updater(device).check()
+    world.release("digits-light", 4, broken_package(tmp_path))
+    steps: list[str] = []
+    outcome = world.updater(device, hooks={"on_step": steps.append}).check()[0]
+    assert outcome.status == "failed" and "off the golden output" in outcome.detail
+    assert "slot-prepared" not in steps  # tested before the slot was touched
+    store = world.store(device)
+    previous = store.previous("digits-light")
+    assert previous is not None and previous.version == 2
+    assert not list(store.downloads.glob("*.part"))
+    assert_serves(world, device, 3)
+    assert world.updater(device).rollback("digits-light").version == 2
+    assert_serves(world, device, 2)
+
+
+def test_a_failed_version_is_not_downloaded_again(world: OtaWorld, tmp_path: Path) -> None:
+    device = first_install(world)
+    world.publish("digits-light", 3, broken_package(tmp_path))
+    world.rollouts.start("digits-light", 3, GROUP, 100, failure_threshold=1.0)
+    assert world.updater(device).check()[0].status == "failed"
+    transport = GatewayTransport()
+    outcomes = world.updater(device, transport=transport).check()
+    assert [(o.version, o.status) for o in outcomes] == [(2, "current")]
+    assert transport.blob_requests() == []
+    # starting the rollout again offers it again, once
+    world.rollouts.start("digits-light", 3, GROUP, 100, failure_threshold=1.0)
+    assert world.updater(device).check()[0].status == "failed"
+    assert_serves(world, device, 2)
+
+
+def test_stale_partial_downloads_are_removed(world: OtaWorld, tmp_path: Path) -> None:
+    device = first_install(world)
+    store = world.store(device)
+    stale = store.downloads / f"{'0' * 64}.part"
+    stale.write_bytes(os.urandom(1000))
+    world.release("big", 1, big_package(tmp_path, 3))
+    sha = world.payload_file("big", 1).name.split(".")[0]
+    kept = store.downloads / f"{sha}.part"
+    kept.write_bytes(world.payload_file("big", 1).read_bytes()[:4096])  # resumable
+    steps: list[str] = []
+    outcomes = world.updater(device, hooks={"on_step": steps.append}).check()
+    assert [o.status for o in outcomes if o.name == "big"] == ["installed"]
+    assert not stale.exists()
+    assert_serves(world, device, 1, name="big")
+
+
+def test_two_updaters_never_run_at_once(world: OtaWorld, tmp_path: Path) -> None:
+    device = first_install(world)
+    world.release("digits-light", 3, LIGHT_FP32)
+    gate = tmp_path / "go"
+    command = [sys.executable, str(INSTALLER), str(device.bundle), str(device.state), world.url]
+    first = subprocess.Popen(
+        [*command, "--pause-at", "slot-prepared", "--gate", str(gate)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        reached = gate.with_name("go.reached")
+        deadline = time.monotonic() + 60
+        while not reached.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reached.exists(), "the first updater never reached its pause"
+        second = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        )
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=4)  # it waits for the lock the first one holds
+        gate.touch()
+        first_out, first_err = first.communicate(timeout=120)
+        second_out, second_err = second.communicate(timeout=120)
+    finally:
+        gate.touch()
+        first.kill()
+    assert first.returncode == 0, first_err[-500:]
+    assert second.returncode == 0, second_err[-500:]
+    assert [o["status"] for o in json.loads(first_out)] == ["installed"]
+    assert [o["status"] for o in json.loads(second_out)] == ["current"]
+    assert_serves(world, device, 3)
+    previous = world.store(device).previous("digits-light")
+    assert previous is not None and previous.version == 2
+
+
+# -- the gateway: rollouts, reports, the repository ---------------------------------------------
+
+
+def test_only_the_rollouts_own_slice_counts(tmp_path: Path) -> None:
+    from cloud_gateway.ota.rollouts import RolloutStore, in_slice
+
+    store = RolloutStore(tmp_path / "rollouts.sqlite")
+    store.start("m", 2, "a", 50, failure_threshold=0.5)
+    inside = [d for d in (f"d{i}" for i in range(100)) if in_slice(d, "m", 50)]
+    outside = [d for d in (f"d{i}" for i in range(100)) if not in_slice(d, "m", 50)]
+    for device in outside[:5]:  # devices the rollout never sent it to
+        assert store.report(device, "a", "m", 2, "failed") is None
+    for device in inside[:5]:  # devices of another group
+        assert store.report(device, "b", "m", 2, "failed") is None
+    store.report(inside[0], "a", "m", 2, "installed")
+    assert store.stats("m", 2, "a") == {
+        "installed": 1, "failed": 0, "rolled_back": 0, "reported": 1,
+    }  # fmt: skip
+    rollout = store.get("m", 2, "a")
+    assert rollout is not None and rollout.state == "active"
+    paused = store.report(inside[1], "a", "m", 2, "failed")
+    assert paused is not None and paused.state == "paused"
+    assert "1 of 2 reporting devices failed" in paused.reason
+    store.close()
+
+
+def test_an_aborted_rollout_is_never_moved_by_a_concurrent_change(tmp_path: Path) -> None:
+    from cloud_gateway.ota.rollouts import RolloutStore
+
+    other = RolloutStore(tmp_path / "rollouts.sqlite")
+    armed = [False]
+
+    def clock() -> float:  # another process aborts it while this one pauses it
+        if armed[0]:
+            armed[0] = False
+            other.set_state("m", 2, "a", "aborted", "by another operator")
+        return time.time()
+
+    store = RolloutStore(tmp_path / "rollouts.sqlite", clock=clock)
+    store.start("m", 2, "a", 100)
+    armed[0] = True
+    with pytest.raises(KeyError, match="not aborted"):
+        store.set_state("m", 2, "a", "paused")
+    rollout = store.get("m", 2, "a")
+    assert rollout is not None and rollout.state == "aborted"
+    with pytest.raises(KeyError):
+        store.set_state("m", None, None, "active")
+    store.close()
+    other.close()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"name": "digits-light", "version": 100000000000000000000000000, "status": "failed"}',
+        b'{"name": "digits-light", "version": 9223372036854775808, "status": "failed"}',
+        b'{"name": "digits-light", "version": 2, "status": "failed", "detail": "\\ud800"}',
+        b'{"name": "digits-light", "version": 2, "status": "failed", "detail": 5}',
+        b'{"name": "\\u0000", "version": 2, "status": "failed"}',
+        b'{"name": "a/../b", "version": 2, "status": "failed"}',
+        b"[" * 10_000,
+    ],
+)
+def test_a_malformed_report_is_a_400(world: OtaWorld, body: bytes) -> None:
+    device = world.enroll("cam-01")
+    client = world.updater(device).client
+    response = client.post(
+        "/v2/ota/report", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+
+
+def test_concurrent_publishes_sign_one_after_the_other(world: OtaWorld) -> None:
+    barrier = threading.Barrier(2, timeout=2)
+
+    class MeetingKeys(KeyStore):
+        """Keys whose targets signer waits for the other publisher (to widen the race)."""
+
+        def signer(self, role: str) -> Any:
+            if role == "targets":
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait()
+            return super().signer(role)
+
+    world.groups.ensure(GROUP)
+    errors: list[BaseException] = []
+
+    def publish(version: int) -> None:
+        repo = OtaRepository(world.repo.root, MeetingKeys(world.keys.root))
+        try:
+            repo.publish(
+                name="digits-light", version=version, model_file=LIGHT_INT8,
+                groups={GROUP: world.groups.public(GROUP)},
+            )  # fmt: skip
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish, args=(v,)) for v in (2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    targets = world.repo.targets()
+    assert "models/digits-light/2/payload" in targets
+    assert "models/digits-light/3/payload" in targets
+
+
+def test_devices_added_at_once_get_the_same_group_key(tmp_path: Path) -> None:
+    from cloud_gateway.ota.groups import GroupKeys
+
+    barrier = threading.Barrier(12)
+    keys: list[bytes] = []
+
+    def add() -> None:
+        barrier.wait()
+        keys.append(GroupKeys(tmp_path).ensure("new-group")[0])
+
+    threads = [threading.Thread(target=add) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(keys) == 12 and len(set(keys)) == 1
+    assert GroupKeys(tmp_path).ensure("new-group")[0] == keys[0]
+    assert [p.name for p in (tmp_path / "groups").iterdir()] == ["new-group.json"]
+
+
+class PowerCut(Exception):
+    pass
+
+
+class CuttingKeys(KeyStore):
+    """Keys that lose power at one point of a rotation: ``key-written`` (right after
+    the new key reaches the disk) or ``root-written`` (before the new key replaces the old)."""
+
+    def __init__(self, root: Path, at: str) -> None:
+        super().__init__(root)
+        self.at = at
+
+    def new_key(self, role: str) -> Any:
+        signer = super().new_key(role)
+        if self.at == "key-written":
+            raise PowerCut
+        return signer
+
+    def stage(self, role: str) -> Any:
+        signer = super().stage(role)
+        if self.at == "key-written":
+            raise PowerCut
+        return signer
+
+    def commit(self, role: str) -> None:
+        if self.at == "root-written":
+            raise PowerCut
+        super().commit(role)
+
+
+@pytest.mark.parametrize("role", ["targets", "root"])
+@pytest.mark.parametrize("at", ["key-written", "root-written"])
+def test_a_rotation_cut_by_a_power_loss_never_loses_the_signing_key(
+    world: OtaWorld, role: str, at: str
+) -> None:
+    device = first_install(world)
+    cut = OtaRepository(world.repo.root, CuttingKeys(world.keys.root, at))
+    with pytest.raises(PowerCut):
+        cut.rotate(role)
+    # the next publish (with the keys as the crash left them) signs what devices accept
+    world.release("digits-light", 3, LIGHT_FP32)
+    assert world.updater(device).check()[0].status == "installed"
+    assert_serves(world, device, 3)
+    assert not list(world.keys.root.glob("*.new"))
+    world.repo.rotate(role)  # and rotating again works
+    world.release("digits-light", 4, LIGHT_INT8)
+    assert world.updater(device).check()[0].status == "installed"
+    assert_serves(world, device, 4)

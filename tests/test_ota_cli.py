@@ -152,7 +152,76 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
         assert (
             answer["version"] == 2 and answer["variant"] == "tflite-int8"
         )  # served from the OTA slot
-        aborted = run(*gateway, "rollout", "abort", "--name", "digits-light").stdout
-        assert "aborted" in aborted
+        # v3 is the version left by hand: the gateway does not offer it again
+        assert (
+            json.loads(run("edge_agent", "update", "--config", str(agent_config)).stdout)[
+                "outcomes"
+            ][0]["version"]
+            == 2
+        )
+        run(*gateway, "rollout", "start", "--name", "digits-light", "--version", "3",
+            "--group", "rpi5-int8", "--percent", "100")  # fmt: skip
+        assert (
+            json.loads(run("edge_agent", "update", "--config", str(agent_config)).stdout)[
+                "outcomes"
+            ][0]["version"]
+            == 3
+        )
+        aborted = run(*gateway, "rollout", "abort", "--name", "digits-light")
+        assert "aborted" in aborted.stdout
+        assert "until it is withdrawn in the signed metadata" in aborted.stderr
+        assert "models withdraw" in aborted.stderr and "--version 3" in aborted.stderr
+        stays = json.loads(run("edge_agent", "update", "--config", str(agent_config)).stdout)
+        assert [(o["version"], o["status"]) for o in stays["outcomes"]] == [(3, "skipped")]
+        withdrawn = run(
+            *gateway, "models", "withdraw", "--repository", str(ota), "--keys", str(keys),
+            "--name", "digits-light", "--version", "3",
+        )  # fmt: skip
+        assert "withdrew digits-light v3" in withdrawn.stdout
+        back = json.loads(run("edge_agent", "update", "--config", str(agent_config)).stdout)
+        assert (3, "rolled_back") in [(o["version"], o["status"]) for o in back["outcomes"]]
+        answer = json.loads(run(
+            "edge_agent", "infer", "--config", str(agent_config), "--model", "digits-light", "--input",
+            str(tmp_path / "x.npy"),
+        ).stdout)  # fmt: skip
+        assert answer["version"] == 2
+        status = run(*gateway, "rollout", "status").stdout
+        assert "rolled back 1" in status
     finally:
         thread.stop()
+
+
+def test_keys_init_force_never_replaces_keys_a_repository_uses(tmp_path: Path) -> None:
+    keys, ota, state = tmp_path / "keys", tmp_path / "ota", tmp_path / "state"
+    gateway = ["cloud_gateway", "--state-dir", str(state)]
+    run(*gateway, "keys", "init", "--dir", str(keys))
+    before = (keys / "root.key").read_bytes()
+    no_repository = run(*gateway, "keys", "init", "--dir", str(keys), "--force", check=False)
+    assert no_repository.returncode == 1 and "--repository OTA_DIR" in no_repository.stderr
+    run(*gateway, "device", "add", "cam-01", "--group", "rpi5-int8")
+    run(
+        *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys),
+        "--name", "digits-light", "--version", "2", "--file", str(MODELS / "digits-light/1/model.int8.tflite"),
+        "--group", "rpi5-int8",
+    )  # fmt: skip
+    in_use = run(
+        *gateway, "keys", "init", "--dir", str(keys), "--force", "--repository", str(ota),
+        check=False,
+    )  # fmt: skip
+    assert in_use.returncode == 1 and "keys rotate" in in_use.stderr
+    assert (keys / "root.key").read_bytes() == before
+    # for a repository that has no metadata yet, the old keys are kept aside, not destroyed
+    run(
+        *gateway,
+        "keys",
+        "init",
+        "--dir",
+        str(keys),
+        "--force",
+        "--repository",
+        str(tmp_path / "new"),
+    )
+    assert (keys / "root.key").read_bytes() != before
+    retired = next(keys.glob("retired-*"))
+    assert (retired / "root.key").read_bytes() == before
+    assert mode(keys / "root.key") == 0o600

@@ -19,38 +19,51 @@ Publishing a model version (:meth:`OtaRepository.publish`):
 3. new targets metadata lists the blob and the key files with their lengths
    and hashes, and custom fields (model, version, groups, profiles); then new
    snapshot and timestamp metadata, each signed with its role's key.
+
+Withdrawing a version (:meth:`OtaRepository.withdraw`) signs new targets
+metadata that keeps the blob listed but marks it ``"withdrawn": true``: a
+device refuses to install it and, if it runs it, goes back to its previous
+version. This signature is the only thing that moves a device back (the
+gateway's plan is not signed).
+
+Every change of the metadata is a read-modify-write of the newest versions,
+so it runs under an ``flock`` on ``<ota>/.lock``: two publishers (or a
+publish and a rotation) never sign the same version twice. Names are held to
+:data:`edge_agent.ota.plan.MODEL_NAME`, groups to the rule of ``device add``.
 """
 
 from __future__ import annotations
 
-import io
+import fcntl
 import json
 import os
 import shutil
-import tarfile
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from cloud_gateway.auth import DEVICE_ID
+from cloud_gateway.ota.archive import package_archive
 from cloud_gateway.ota.keys import ROLES, KeyStore
-from edge_agent.errors import ConfigError, PackageError
+from edge_agent.errors import ConfigError
 from edge_agent.fields import is_decimal
 from edge_agent.ota.crypto import CHUNK_SIZE, encrypt_file, wrap_key
-from edge_agent.package import MANIFEST, load_package
+from edge_agent.ota.plan import (
+    MAX_VERSION,
+    MODEL_NAME_RULE,
+    is_model_name,
+    key_target,
+    payload_target,
+)
 
 __all__ = ["EXPIRY_DAYS", "OtaRepository", "PublishResult", "key_target", "payload_target"]
 
 EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
-
-
-def payload_target(name: str, version: int) -> str:
-    return f"models/{name}/{version}/payload"
-
-
-def key_target(group: str, name: str, version: int) -> str:
-    return f"keys/{group}/{name}/{version}.json"
 
 
 @dataclass
@@ -84,6 +97,8 @@ class OtaRepository:
         self.keys = keys
         self.metadata_dir = self.root / "metadata"
         self.targets_dir = self.root / "targets"
+        self._thread_lock = threading.RLock()
+        self._depth = 0
 
     # -- reading --------------------------------------------------------------------------
 
@@ -119,6 +134,30 @@ class OtaRepository:
 
     # -- writing --------------------------------------------------------------------------
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold ``<ota>/.lock`` for a whole read-modify-write of the metadata (re-entrant)."""
+        with self._thread_lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._depth = 1
+                try:
+                    self._finish_rotation()
+                    yield
+                finally:
+                    self._depth = 0
+            finally:
+                os.close(fd)
+
     def _keys(self) -> KeyStore:
         if self.keys is None:
             raise ConfigError("signing keys are needed (--keys DIR)")
@@ -144,6 +183,10 @@ class OtaRepository:
         Raises:
             ConfigError: it exists already, or the keys are missing.
         """
+        with self._locked():
+            self._init(expiry_days)
+
+    def _init(self, expiry_days: dict[str, int] | None) -> None:
         from tuf.api.metadata import Key, Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
 
         if self.initialized():
@@ -188,6 +231,10 @@ class OtaRepository:
         self, *, snapshot_version: int | None = None, expiry_days: dict[str, int] | None = None
     ) -> None:
         """A new timestamp version (run before the current one expires)."""
+        with self._locked():
+            self._timestamp(snapshot_version, expiry_days)
+
+    def _timestamp(self, snapshot_version: int | None, expiry_days: dict[str, int] | None) -> None:
         from tuf.api.metadata import MetaFile
 
         days = {**EXPIRY_DAYS, **(expiry_days or {})}
@@ -231,16 +278,42 @@ class OtaRepository:
             ConfigError: the repository or the keys are missing, or the
                 version exists already.
         """
-        if not self.initialized():
-            raise ConfigError("no OTA repository here (cloud-gateway ota init)", path=self.root)
+        if not is_model_name(name):
+            raise ConfigError(f"model name {name!r}: expected {MODEL_NAME_RULE}")
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or not 1 <= version <= MAX_VERSION
+        ):
+            raise ConfigError(f"version {version!r}: expected an integer from 1 to {MAX_VERSION}")
         if not groups:
             raise ConfigError("publish to at least one group (--group)")
+        for group in groups:
+            if DEVICE_ID.fullmatch(group) is None:
+                raise ConfigError(f"group {group!r}: expected 1-64 letters, digits, '-' or '_'")
+        with self._locked():
+            return self._publish(
+                name, version, model_file, groups, profiles, chunk_size, expiry_days
+            )
+
+    def _publish(
+        self,
+        name: str,
+        version: int,
+        model_file: Path,
+        groups: dict[str, bytes],
+        profiles: list[str] | None,
+        chunk_size: int,
+        expiry_days: dict[str, int] | None,
+    ) -> PublishResult:
+        if not self.initialized():
+            raise ConfigError("no OTA repository here (cloud-gateway ota init)", path=self.root)
         target = payload_target(name, version)
         targets = self.load("targets")
         if target in targets.signed.targets:
             raise ConfigError(f"{name} version {version} is published already", path=self.root)
         with tempfile.TemporaryDirectory(dir=self.root) as tmp:
-            plain, variant = _package_archive(model_file, name, version, Path(tmp))
+            plain, variant = package_archive(model_file, name, version, Path(tmp))
             blob = Path(tmp) / "payload"
             data_key = os.urandom(32)
             length, digest = encrypt_file(
@@ -271,81 +344,84 @@ class OtaRepository:
             name, version, target, length, digest, sorted(groups), key_targets, targets_version
         )
 
+    def withdraw(
+        self, name: str, version: int, *, expiry_days: dict[str, int] | None = None
+    ) -> int:
+        """Mark ``name`` ``version`` withdrawn in new signed metadata; returns the targets version.
+
+        The blob stays listed (devices that run it can tell it was taken back,
+        not lost) with ``"withdrawn": true`` in its custom fields.
+
+        Raises:
+            ConfigError: it is not published, or withdrawn already.
+        """
+        with self._locked():
+            if not self.initialized():
+                raise ConfigError("no OTA repository here", path=self.root)
+            targets = self.load("targets")
+            info = targets.signed.targets.get(payload_target(name, version))
+            if info is None:
+                raise ConfigError(f"{name} version {version} is not published", path=self.root)
+            custom = info.unrecognized_fields.setdefault("custom", {})
+            if custom.get("withdrawn") is True:
+                raise ConfigError(f"{name} version {version} is withdrawn already", path=self.root)
+            custom["withdrawn"] = True
+            custom["withdrawn_at"] = _now().isoformat()
+            return self._commit_targets(targets, expiry_days=expiry_days)
+
     def rotate(self, role: str) -> int:
         """Replace ``role``'s key: a new root version names it; returns that root version.
 
         The new root is signed by the root key (for the root role: by the old
-        and the new root keys), so devices follow the chain of roots.
+        and the new root keys), so devices follow the chain of roots. The new
+        key is staged beside the old one, the new root written, and only then
+        does the new key replace the old: a crash at any point leaves a key
+        that the newest root names (:meth:`_finish_rotation` completes it).
         """
         from tuf.api.metadata import Key
 
         if role not in ROLES:
             raise ConfigError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
-        keys = self._keys()
-        root = self.load("root")
-        old_root_signer = keys.signer("root")
-        for keyid in list(root.signed.roles[role].keyids):
-            root.signed.revoke_key(keyid, role)
-        signer = keys.new_key(role)
-        root.signed.add_key(
-            Key.from_dict(signer.public_key.keyid, signer.public_key.to_dict()), role
-        )
-        root.signed.version += 1
-        root.signed.expires = _now() + timedelta(days=EXPIRY_DAYS["root"])
-        signers = (old_root_signer, signer) if role == "root" else (old_root_signer,)
-        self._sign_and_write(root, "root", *signers)
-        # re-sign the chain below with the current keys
-        self._commit_targets(self.load("targets"))
-        return int(root.signed.version)
+        with self._locked():
+            keys = self._keys()
+            root = self.load("root")
+            old_root_signer = keys.signer("root")
+            signer = keys.stage(role)
+            for keyid in list(root.signed.roles[role].keyids):
+                root.signed.revoke_key(keyid, role)
+            root.signed.add_key(
+                Key.from_dict(signer.public_key.keyid, signer.public_key.to_dict()), role
+            )
+            root.signed.version += 1
+            root.signed.expires = _now() + timedelta(days=EXPIRY_DAYS["root"])
+            signers = (old_root_signer, signer) if role == "root" else (old_root_signer,)
+            self._sign_and_write(root, "root", *signers)
+            keys.commit(role)
+            # re-sign the chain below with the current keys
+            self._commit_targets(self.load("targets"))
+            return int(root.signed.version)
 
+    def _finish_rotation(self) -> None:
+        """Complete, or forget, a key rotation that a crash interrupted (under the lock).
 
-def _package_archive(
-    model_file: Path, name: str, version: int, folder: Path
-) -> tuple[Path, dict[str, Any]]:
-    """A tar of the package around ``model_file``, renamed to ``name`` ``version``."""
-    root = model_file.resolve().parent
-    if not (root / MANIFEST).is_file():
-        raise PackageError(f"{model_file} is not in a model package (no {MANIFEST} beside it)")
-    package = load_package(root) if is_decimal(root.name) else _load_anywhere(root)
-    variants = [v for v in package.variants if v.file == model_file.name]
-    if not variants:
-        raise PackageError(f"{model_file.name} is not a variant of {package.qualified_name}")
-    package.read_variant(variants[0])  # checks the file against the manifest's hash
-    manifest = package.to_dict()
-    manifest.update(name=name, version=version, variants=[variants[0].to_dict()])
-    archive = folder / "payload.tar"
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
-
-        def add(member: str, data: bytes | None = None, path: Path | None = None) -> None:
-            info = tarfile.TarInfo(member)
-            info.mode = 0o600
-            if path is not None:
-                info.size = path.stat().st_size
-                with path.open("rb") as handle:
-                    tar.addfile(info, handle)
+        A staged key that the newest root names replaces the old key, and the
+        metadata below is signed again with it; one that no root names was
+        never used and is dropped.
+        """
+        keys = self.keys
+        if keys is None or not self.initialized():
+            return
+        root = None
+        finished = False
+        for role in ROLES:
+            staged = keys.staged(role)
+            if staged is None:
+                continue
+            root = root or self.load("root")
+            if staged.public_key.keyid in root.signed.roles[role].keyids:
+                keys.commit(role)
+                finished = True
             else:
-                assert data is not None
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-
-        add(MANIFEST, data=json.dumps(manifest, indent=2).encode())
-        add(variants[0].file, path=package.path_of(variants[0]))
-        if package.golden_file and (root / package.golden_file).is_file():
-            add(package.golden_file, path=root / package.golden_file)
-    return archive, {
-        "id": variants[0].id,
-        "format": variants[0].format,
-        "precision": variants[0].precision,
-    }
-
-
-def _load_anywhere(root: Path) -> Any:
-    """Load a package whose folder is not named by its version."""
-    with tempfile.TemporaryDirectory() as tmp:
-        manifest = json.loads((root / MANIFEST).read_text())
-        link = Path(tmp) / str(manifest.get("version", 1))
-        link.symlink_to(root, target_is_directory=True)
-        package = load_package(link)
-    from dataclasses import replace
-
-    return replace(package, root=root)
+                keys.discard(role)
+        if finished:
+            self._commit_targets(self.load("targets"))

@@ -3,12 +3,28 @@
 A rollout deploys ``name`` ``version`` to ``percent`` of a group. A device is
 in the slice when a stable hash of its id and the model's name falls below
 the percent, so raising the percent keeps the devices already in. Devices
-report what they installed (or failed to); when the failed share of a
-rollout's reports reaches its threshold, the rollout pauses itself. Paused:
-no device that has not installed the version starts it; aborted: the version
-is withdrawn (devices go back to the previous one).
+report what they installed (or failed to, or went back from); a rollout
+counts only the reports of devices in its own slice of its own group, and
+when the failed share of those reaches its threshold, it pauses itself.
 
-State lives in SQLite (``<state>/rollouts.sqlite``) and survives restarts.
+The plan a device is given (:meth:`RolloutStore.plan`):
+
+- the highest version of each model among the group's live rollouts whose
+  slice holds the device: *active* ones, and *paused* ones the device has
+  installed already;
+- never a version the device reported ``failed`` or ``rolled_back`` since
+  that rollout was last started (``rollout start``): a bad version is not
+  downloaded again at every check, and an operator's rollback on the device
+  sticks until the rollout is started again or a newer version comes;
+- for *aborted* rollouts above that, the aborted version, marked withdrawn,
+  to the devices that reported it installed (:meth:`RolloutStore.withdrawn`):
+  a device that runs it goes back, once the signed metadata withdraws it too
+  (``cloud-gateway models withdraw``); the plan alone never moves a device back.
+
+State lives in SQLite (``<state>/rollouts.sqlite``) and survives restarts;
+the gateway and the command line share it, so every change of state is one
+conditional statement (an aborted rollout is never moved to another state by
+a concurrent pause or resume).
 """
 
 from __future__ import annotations
@@ -55,7 +71,9 @@ class RolloutStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(
+            str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(
             """
@@ -72,6 +90,18 @@ class RolloutStore:
             );
             """
         )
+        # columns added since the first release (an existing database gains them)
+        self._add_column("rollouts", "started", "REAL NOT NULL DEFAULT 0")
+        self._add_column("reports", "grp", "TEXT NOT NULL DEFAULT ''")
+
+    def _add_column(self, table: str, column: str, declaration: str) -> None:
+        columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+        if column not in columns:
+            try:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            except sqlite3.OperationalError as exc:  # another process added it meanwhile
+                if "duplicate column" not in str(exc):
+                    raise
 
     def close(self) -> None:
         self._db.close()
@@ -102,7 +132,11 @@ class RolloutStore:
     def start(
         self, name: str, version: int, group: str, percent: float, *, failure_threshold: float = 0.2
     ) -> Rollout:
-        """Start a rollout, or change the percent of an existing one (and make it active)."""
+        """Start a rollout, or change the percent of an existing one (and make it active).
+
+        Starting it again offers it again to devices that failed it or went
+        back from it.
+        """
         if not 0 < percent <= 100:
             raise ValueError(f"percent must be in (0, 100], got {percent}")
         if not 0 < failure_threshold <= 1:
@@ -110,11 +144,12 @@ class RolloutStore:
         now = self._clock()
         with self._lock:
             self._db.execute(
-                "INSERT INTO rollouts VALUES (?, ?, ?, ?, 'active', ?, '', ?, ?) "
+                "INSERT INTO rollouts (name, version, grp, percent, state, failure_threshold, "
+                "reason, created, updated, started) VALUES (?, ?, ?, ?, 'active', ?, '', ?, ?, ?) "
                 "ON CONFLICT (name, version, grp) DO UPDATE SET percent=excluded.percent, "
                 "state='active', failure_threshold=excluded.failure_threshold, reason='', "
-                "updated=excluded.updated",
-                (name, version, group, percent, failure_threshold, now, now),
+                "updated=excluded.updated, started=excluded.started",
+                (name, version, group, percent, failure_threshold, now, now, now),
             )
         rollout = self.get(name, version, group)
         assert rollout is not None
@@ -125,63 +160,95 @@ class RolloutStore:
     ) -> list[Rollout]:
         """Pause, resume (``active``) or abort rollouts of ``name`` (optionally one version/group).
 
+        Aborted rollouts stay aborted (``rollout start`` starts one again):
+        the change is one conditional ``UPDATE``, in one transaction with
+        reading which rollouts it changed.
+
         Raises:
-            KeyError: no such rollout.
+            KeyError: no such rollout that is not aborted.
         """
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}")
-        matching = [
-            r for r in self.all(name)
-            if (version is None or r.version == version) and (group is None or r.group == group)
-            and r.state != "aborted"
-        ]  # fmt: skip
-        if not matching:
-            raise KeyError(f"no rollout of {name}" + (f" v{version}" if version else ""))
+        now = self._clock()
+        where = (
+            "name=? AND (? IS NULL OR version=?) AND (? IS NULL OR grp=?) AND state != 'aborted'"
+        )
+        args = (name, version, version, group, group)
         with self._lock:
-            for r in matching:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                keys = self._db.execute(
+                    f"SELECT version, grp FROM rollouts WHERE {where}", args
+                ).fetchall()
                 self._db.execute(
-                    "UPDATE rollouts SET state=?, reason=?, updated=? "
-                    "WHERE name=? AND version=? AND grp=?",
-                    (state, reason, self._clock(), r.name, r.version, r.group),
+                    f"UPDATE rollouts SET state=?, reason=?, updated=? WHERE {where}",
+                    (state, reason, now, *args),
                 )
-        return [self.get(r.name, r.version, r.group) for r in matching]  # type: ignore[misc]
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if not keys:
+            raise KeyError(
+                f"no rollout of {name}"
+                + (f" v{version}" if version is not None else "")
+                + (f" for {group}" if group is not None else "")
+                + " that is not aborted"
+            )
+        changed = [self.get(name, v, g) for v, g in keys]
+        return [r for r in changed if r is not None]
 
     def report(
         self, device: str, group: str, name: str, version: int, status: str, detail: str = ""
     ) -> Rollout | None:
         """Record a device's report; pause the rollout when failures reach its threshold.
 
+        Only the reports of devices in the rollout's slice of its group count.
         Returns the rollout if this report paused it.
         """
         with self._lock:
             self._db.execute(
-                "INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device, name, version) "
-                "DO UPDATE SET status=excluded.status, detail=excluded.detail, at=excluded.at",
-                (device, name, version, status, detail[:500], self._clock()),
+                "INSERT INTO reports (device, name, version, status, detail, at, grp) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device, name, version) "
+                "DO UPDATE SET status=excluded.status, detail=excluded.detail, at=excluded.at, "
+                "grp=excluded.grp",
+                (device, name, version, status, detail[:500], self._clock(), group),
             )
         rollout = self.get(name, version, group)
         if rollout is None or rollout.state != "active" or status != "failed":
             return None
-        stats = self.stats(name, version)
-        if stats["failed"] / max(stats["reported"], 1) >= rollout.failure_threshold:
-            reason = (
-                f"paused itself: {stats['failed']} of {stats['reported']} reporting devices failed "
-                f"(threshold {rollout.failure_threshold:.0%})"
-            )
-            return self.set_state(name, version, group, "paused", reason)[0]
-        return None
+        if not in_slice(device, name, rollout.percent):
+            return None  # not sent this version by this rollout: not its evidence
+        stats = self.stats(name, version, group)
+        if stats["failed"] / max(stats["reported"], 1) < rollout.failure_threshold:
+            return None
+        reason = (
+            f"paused itself: {stats['failed']} of {stats['reported']} reporting devices failed "
+            f"(threshold {rollout.failure_threshold:.0%})"
+        )
+        with self._lock:
+            paused = self._db.execute(
+                "UPDATE rollouts SET state='paused', reason=?, updated=? "
+                "WHERE name=? AND version=? AND grp=? AND state='active'",
+                (reason, self._clock(), name, version, group),
+            ).rowcount
+        return self.get(name, version, group) if paused else None
 
-    def stats(self, name: str, version: int) -> dict[str, int]:
+    def stats(self, name: str, version: int, group: str) -> dict[str, int]:
+        """Report counts of the rollout of ``name`` ``version`` to ``group``, from its slice."""
+        rollout = self.get(name, version, group)
+        percent = rollout.percent if rollout is not None else 0.0
         with self._lock:
             rows = self._db.execute(
-                "SELECT status, COUNT(*) FROM reports WHERE name=? AND version=? GROUP BY status",
-                (name, version),
+                "SELECT device, status FROM reports WHERE name=? AND version=? AND grp=?",
+                (name, version, group),
             ).fetchall()
-        counts = dict(rows)
+        statuses = [status for device, status in rows if in_slice(device, name, percent)]
         return {
-            "installed": counts.get("installed", 0),
-            "failed": counts.get("failed", 0),
-            "reported": sum(counts.values()),
+            "installed": statuses.count("installed"),
+            "failed": statuses.count("failed"),
+            "rolled_back": statuses.count("rolled_back"),
+            "reported": len(statuses),
         }
 
     def device_status(self, device: str, name: str, version: int) -> str | None:
@@ -192,14 +259,26 @@ class RolloutStore:
             ).fetchone()
         return row[0] if row else None
 
+    def _blocked(self, device: str, group: str) -> set[tuple[str, int]]:
+        """(name, version) pairs the device left or failed since their rollout last started."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT r.name, r.version FROM reports r JOIN rollouts o "
+                "ON o.name = r.name AND o.version = r.version AND o.grp = ? "
+                "WHERE r.device = ? AND r.status IN ('failed', 'rolled_back') "
+                "AND r.at >= o.started",
+                (group, device),
+            ).fetchall()
+        return {(name, version) for name, version in rows}
+
     def plan(self, device: str, group: str) -> dict[str, int]:
         """Model name -> the version this device should run (absent: no rollout for it)."""
+        blocked = self._blocked(device, group)
         chosen: dict[str, int] = {}
-        for rollout in self._rows(
-            self._SELECT + " WHERE grp=? AND state != 'aborted'",
-            group,
-        ):
+        for rollout in self._rows(self._SELECT + " WHERE grp=? AND state != 'aborted'", group):
             if not in_slice(device, rollout.name, rollout.percent):
+                continue
+            if (rollout.name, rollout.version) in blocked:
                 continue
             if (
                 rollout.state == "paused"
@@ -209,3 +288,18 @@ class RolloutStore:
             if rollout.version > chosen.get(rollout.name, 0):
                 chosen[rollout.name] = rollout.version
         return chosen
+
+    def withdrawn(self, device: str, group: str) -> list[tuple[str, int]]:
+        """Aborted versions above what :meth:`plan` gives, that this device reported installed.
+
+        Only those: an agent older than the ``withdrawn`` mark would take
+        such an entry for a version to install.
+        """
+        chosen = self.plan(device, group)
+        found = set()
+        for rollout in self._rows(self._SELECT + " WHERE grp=? AND state = 'aborted'", group):
+            if rollout.version <= chosen.get(rollout.name, 0):
+                continue
+            if self.device_status(device, rollout.name, rollout.version) == "installed":
+                found.add((rollout.name, rollout.version))
+        return sorted(found)

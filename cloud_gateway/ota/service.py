@@ -3,8 +3,10 @@
 Devices (authenticated like every request) fetch the signed metadata and the
 encrypted blobs over HTTP, with ``Range`` requests for resuming; each device
 is served only its own group's key files. ``/v2/ota/plan`` tells a device
-which version of each model its rollouts give it; ``/v2/ota/report`` records
-what it installed or why it failed.
+which version of each model its rollouts give it (and which aborted versions
+it should leave, once the signed metadata withdraws them); ``/v2/ota/report``
+records what it installed or why it failed, after checking every field (a
+malformed report is a 400, never a 500).
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ from typing import Any
 
 from cloud_gateway.auth import Device
 from cloud_gateway.errors import BadRequest, NotFound
-from cloud_gateway.ota.publish import key_target, payload_target
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
+from edge_agent.ota.plan import (
+    MAX_VERSION,
+    MODEL_NAME_RULE,
+    is_model_name,
+    key_target,
+    payload_target,
+)
 
 __all__ = ["OtaService"]
 
-_METADATA = re.compile(r"^(?:[0-9]{1,10}\.)?(?:root|targets|snapshot|timestamp)\.json$")
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_METADATA = re.compile(r"(?:[0-9]{1,10}\.)?(?:root|targets|snapshot|timestamp)\.json")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 REPORT_STATUSES = ("installed", "failed", "rolled_back")
 
 
@@ -39,7 +47,7 @@ class OtaService:
             NotFound: not a metadata file name, or not there.
         """
         path = self.repository / "metadata" / filename
-        if not _METADATA.match(filename) or not path.is_file():
+        if not _METADATA.fullmatch(filename) or not path.is_file():
             raise NotFound(f"no metadata {filename!r}")
         return path
 
@@ -50,7 +58,7 @@ class OtaService:
             NotFound: a malformed path, another group's keys, or nothing there.
         """
         parts = target.split("/")
-        if not all(_SEGMENT.match(part) for part in parts):
+        if not all(_SEGMENT.fullmatch(part) for part in parts):
             raise NotFound(f"no target {target!r}")
         if parts[0] == "keys" and (len(parts) < 2 or parts[1] != device.group):
             raise NotFound(f"no target {target!r} for group {device.group!r}")
@@ -60,19 +68,24 @@ class OtaService:
         return path
 
     def plan(self, device: Device) -> dict[str, Any]:
+        """The device's plan: a version per model, and aborted versions marked withdrawn."""
+
+        def entry(name: str, version: int, **extra: Any) -> dict[str, Any]:
+            return {
+                "name": name,
+                "version": version,
+                "target": payload_target(name, version),
+                "keys": key_target(device.group, name, version),
+                **extra,
+            }
+
         versions = self.rollouts.plan(device.id, device.group)
+        aborted = self.rollouts.withdrawn(device.id, device.group)
         return {
             "device": device.id,
             "group": device.group,
-            "models": [
-                {
-                    "name": name,
-                    "version": version,
-                    "target": payload_target(name, version),
-                    "keys": key_target(device.group, name, version),
-                }
-                for name, version in sorted(versions.items())
-            ],
+            "models": [entry(name, version) for name, version in sorted(versions.items())]
+            + [entry(name, version, withdrawn=True) for name, version in aborted],
         }
 
     def report(self, device: Device, body: Any) -> dict[str, Any]:
@@ -84,14 +97,24 @@ class OtaService:
         if not isinstance(body, dict):
             raise BadRequest("a report is a JSON object")
         name, version, status = body.get("name"), body.get("version"), body.get("status")
-        if not isinstance(name, str) or not name:
-            raise BadRequest("report: 'name' must be a model name")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise BadRequest("report: 'version' must be a positive integer")
+        if not is_model_name(name):
+            raise BadRequest(f"report: 'name' must be a model name ({MODEL_NAME_RULE})")
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or not 1 <= version <= MAX_VERSION
+        ):
+            raise BadRequest(f"report: 'version' must be an integer from 1 to {MAX_VERSION}")
         if status not in REPORT_STATUSES:
             raise BadRequest(f"report: 'status' must be one of {', '.join(REPORT_STATUSES)}")
         detail = body.get("detail", "")
-        paused = self.rollouts.report(device.id, device.group, name, version, status, str(detail))
+        if not isinstance(detail, str):
+            raise BadRequest("report: 'detail' must be a string")
+        try:
+            detail.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("report: 'detail' holds a lone surrogate (not UTF-8 text)") from None
+        paused = self.rollouts.report(device.id, device.group, name, version, status, detail)
         if paused is not None:
             for listener in self.listeners:
                 listener(paused)

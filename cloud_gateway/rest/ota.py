@@ -48,6 +48,6 @@ def add_ota_routes(
             raise BadRequest(f"a report is at most {MAX_REPORT_BYTES} bytes")
         try:
             document = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise BadRequest(f"the report is not valid JSON: {exc}") from None
         return JSONResponse(ota.report(device, document))

@@ -1,10 +1,16 @@
 """Over-the-air model updates, the device's side.
 
 - :mod:`.crypto`: the encrypted blob and key wrapping (pure; shared with the publisher);
+- :mod:`.plan`: the gateway's unsigned plan, read strictly, and the model-name rule
+  and target paths (pure; shared with the publisher);
 - :mod:`.bundle`: the enrollment bundle;
-- :mod:`.fetch`: metadata through python-tuf, blobs with resume and a length limit;
-- :mod:`.store`: A/B slots with an atomic switch; decryption into memory;
-- :mod:`.updater`: the workflow (check, verify, install, smoke-test, switch, report).
+- :mod:`.signed`: the signed metadata through python-tuf (withdrawals, key files);
+- :mod:`.fetch`: the plan with a size cap, blobs with resume and a length limit;
+- :mod:`.store`: A/B slots with an atomic switch, an inter-process lock; decryption
+  into memory;
+- :mod:`.smoke`: the smoke test of a new model;
+- :mod:`.install`: one version's install (key, download, verify, smoke-test, write, switch);
+- :mod:`.updater`: the workflow (check, verify, smoke-test, install, switch, report).
 """
 
 from edge_agent.ota.bundle import Enrollment, load_bundle

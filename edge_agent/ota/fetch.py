@@ -7,7 +7,9 @@ its own download errors), talking to the gateway with the device's token.
 download with an HTTP ``Range`` request from the bytes already there, never
 takes more than the length the signed metadata declares (a longer stream is
 refused as soon as the server announces or sends it), and can be held to a
-bandwidth cap. httpx's exceptions are translated here.
+bandwidth cap. :func:`fetch_plan` reads the gateway's (unsigned) plan, never
+more than :data:`~edge_agent.ota.plan.MAX_PLAN_BYTES` of it. httpx's
+exceptions are translated here.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.errors import DownloadError
+from edge_agent.ota.plan import MAX_PLAN_BYTES
 
-__all__ = ["GatewayFetcher", "download_resumable"]
+__all__ = ["GatewayFetcher", "download_resumable", "fetch_plan"]
 
 CHUNK = 1 << 20
 
@@ -54,6 +57,38 @@ class GatewayFetcher(_fetcher_base()):  # type: ignore[misc]
             raise exceptions.SlowRetrievalError(f"GET {url} timed out") from exc
         except httpx.HTTPError as exc:
             raise exceptions.DownloadError(f"GET {url}: {exc}") from exc
+
+
+def fetch_plan(client: Any, *, timeout: float = 30.0) -> bytes:
+    """The body of ``GET /v2/ota/plan``, read as it arrives and cut at :data:`MAX_PLAN_BYTES`.
+
+    Asked for and accepted only unencoded: a compressed body could grow past
+    the cap in one decoded piece.
+
+    Raises:
+        DownloadError: the gateway cannot be reached or answers an error, the
+            body is over the cap, or it comes compressed.
+    """
+    import httpx
+
+    body = bytearray()
+    try:
+        with client.stream(
+            "GET", "/v2/ota/plan", headers={"accept-encoding": "identity"}, timeout=timeout
+        ) as response:
+            encoding = response.headers.get("content-encoding", "identity")
+            if encoding != "identity":
+                raise DownloadError(f"the update plan came {encoding}-encoded; refused")
+            for chunk in response.iter_bytes():  # not decoded: it is unencoded
+                body += chunk
+                if len(body) > MAX_PLAN_BYTES:
+                    raise DownloadError(f"the update plan is over {MAX_PLAN_BYTES} bytes; refused")
+    except httpx.HTTPError as exc:
+        raise DownloadError(f"cannot reach the gateway for the update plan: {exc}") from exc
+    if response.status_code != 200:
+        text = bytes(body[:200]).decode(errors="replace")
+        raise DownloadError(f"the update plan: HTTP {response.status_code}: {text}")
+    return bytes(body)
 
 
 def download_resumable(

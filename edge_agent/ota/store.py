@@ -14,6 +14,17 @@ replaced by a new one with one ``rename``: whenever the device stops, even by
 ``kill -9`` or a power cut, ``active`` names a complete slot, old or new. The
 other slot keeps the previous version for rollback.
 
+Emptying a slot starts with one atomic ``rename`` of the slot out of the way
+(into ``<state>/ota/trash``), flushed, before its files are removed: a power
+cut while removing them leaves no slot whose ``meta.json`` claims a version
+that is no longer all there. A slot is trusted only when it is complete: its
+``meta.json`` parses, its payload has the length ``meta.json`` records and its
+key file is there.
+
+One update at a time, across processes: :meth:`OtaStore.locked` holds an
+``flock`` on ``<state>/ota/lock`` (the agent's background updater and
+``edge-agent update`` may run at once).
+
 Models stay encrypted at rest: :meth:`OtaStore.package` unwraps the data key
 with the group's private key and decrypts the blob into memory, where both
 runtimes load models from bytes. No plaintext model touches the disk.
@@ -21,22 +32,29 @@ runtimes load models from bytes. No plaintext model touches the disk.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import logging
 import os
 import shutil
 import tarfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator, Set
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import IntegrityError, ModelNotFoundError, PackageError
+from edge_agent.errors import IntegrityError, ModelNotFoundError, PackageError, UpdateError
 from edge_agent.ota.crypto import decrypt_blob, unwrap_key
+from edge_agent.ota.plan import MODEL_NAME_RULE, is_model_name
 from edge_agent.package import ModelPackage, package_from_files
 
-__all__ = ["OtaStore", "SlotInfo", "fsync_dir"]
+__all__ = ["OtaStore", "SlotInfo", "fsync_dir", "open_package"]
+
+log = logging.getLogger(__name__)
 
 SLOTS = ("a", "b")
 MAX_MEMBERS = 16
@@ -89,19 +107,49 @@ class OtaStore:
         self.models = self.root / "models"
         self.downloads = self.root / "downloads"
         self.metadata = self.root / "tuf"
-        for folder in (self.models, self.downloads, self.metadata):
+        self.trash = self.root / "trash"
+        for folder in (self.models, self.downloads, self.metadata, self.trash):
             folder.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold ``<state>/ota/lock`` (an ``flock``, released by the kernel if the process dies).
+
+        Blocks while another process (or thread) holds it.
+        """
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("another update holds %s; waiting for it", self.root / "lock")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the lock
+
+    def _folder(self, name: str) -> Path:
+        if not is_model_name(name):
+            raise UpdateError(f"{name!r} is not a model name: expected {MODEL_NAME_RULE}")
+        return self.models / name
 
     # -- reading ----------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.models.iterdir() if (p / "active").is_symlink())
+        return sorted(
+            p.name
+            for p in self.models.iterdir()
+            if is_model_name(p.name) and (p / "active").is_symlink()
+        )
 
     def _slot(self, name: str, slot: str) -> SlotInfo | None:
+        """The slot's version, if the slot is complete (else ``None``: not one to use)."""
+        if not is_model_name(name) or slot not in SLOTS:
+            return None
         path = self.models / name / slot
         try:
             meta = json.loads((path / "meta.json").read_text())
-            return SlotInfo(
+            info = SlotInfo(
                 name=meta["name"],
                 version=int(meta["version"]),
                 slot=slot,
@@ -110,10 +158,18 @@ class OtaStore:
                 length=int(meta["length"]),
                 installed_at=float(meta["installed_at"]),
             )
+            complete = (
+                info.name == name
+                and (path / "payload").stat().st_size == info.length
+                and (path / "key.json").is_file()
+            )
         except (OSError, ValueError, KeyError, TypeError):
-            return None  # empty, or written only in part: not a slot to use
+            return None  # empty, or written only in part
+        return info if complete else None
 
     def active_slot_name(self, name: str) -> str | None:
+        if not is_model_name(name):
+            return None
         link = self.models / name / "active"
         try:
             target = os.readlink(link)
@@ -126,7 +182,7 @@ class OtaStore:
         return self._slot(name, slot) if slot else None
 
     def previous(self, name: str) -> SlotInfo | None:
-        """The version in the inactive slot (what a rollback would go back to)."""
+        """The complete version in the inactive slot (what a rollback would go back to)."""
         active = self.active_slot_name(name)
         other = "b" if active == "a" else "a"
         return self._slot(name, other) if active else None
@@ -146,29 +202,51 @@ class OtaStore:
             raise ModelNotFoundError(f"no installed version of {name!r}")
         wrapped = json.loads((info.path / "key.json").read_text())
         key = unwrap_key(wrapped, group_key, name=info.name, version=info.version, group=group)
-        plaintext = decrypt_blob(info.path / "payload", key, name=info.name, version=info.version)
-        files = _untar(plaintext, info.path)
-        package = package_from_files(files, info.path)
-        if (package.name, package.version) != (info.name, info.version):
-            raise PackageError(
-                f"{info.path}: the decrypted package is {package.qualified_name}, "
-                f"expected {info.name}:{info.version}"
-            )
-        return package
+        return open_package(info.path / "payload", key, name=info.name, version=info.version)
 
     # -- writing ----------------------------------------------------------------------------
 
+    def _remove(self, path: Path) -> None:
+        """Remove a slot: first one atomic, flushed rename out of ``models``, then its files."""
+        grave = self.trash / f"{path.parent.name}.{path.name}.{uuid.uuid4().hex}"
+        os.replace(path, grave)
+        fsync_dir(path.parent)
+        fsync_dir(self.trash)
+        shutil.rmtree(grave)
+
+    def _empty_trash(self) -> None:
+        for leftover in self.trash.iterdir():  # slots a power cut left half removed
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
+
     def prepare(self, name: str) -> Path:
-        """Empty the inactive slot and return it."""
-        folder = self.models / name
+        """Empty the inactive slot and return it (hold :meth:`locked`)."""
+        folder = self._folder(name)
         folder.mkdir(parents=True, exist_ok=True)
+        self._empty_trash()
         active = self.active_slot_name(name)
         slot = folder / ("b" if active == "a" else "a")
         if slot.exists():
-            shutil.rmtree(slot)
+            self._remove(slot)
         slot.mkdir()
         fsync_dir(folder)
         return slot
+
+    def clean_downloads(self, keep: Set[str]) -> list[str]:
+        """Remove partial downloads (``<sha256>.part``) whose hash is not in ``keep``.
+
+        A partial download of a target the signed metadata still offers is
+        kept (the next attempt resumes it); any other is dead weight on a
+        small disk. Returns the names removed.
+        """
+        removed = []
+        for part in self.downloads.glob("*.part"):
+            if part.name.removesuffix(".part") not in keep:
+                part.unlink(missing_ok=True)
+                removed.append(part.name)
+        return removed
 
     def write(
         self,
@@ -186,6 +264,7 @@ class OtaStore:
         ``on_step`` is called between the steps (each one a point where the
         device may lose power; the tests kill the installer there).
         """
+        self._folder(name)
         os.replace(payload, slot / "payload")
         on_step("slot:payload-moved")
         _fsync_file(slot / "payload")
@@ -207,8 +286,12 @@ class OtaStore:
     def activate(
         self, name: str, slot: str, *, on_step: Callable[[str], None] = lambda step: None
     ) -> None:
-        """Point ``active`` at ``slot``: one atomic rename."""
-        folder = self.models / name
+        """Point ``active`` at ``slot``: one atomic rename.
+
+        Raises:
+            IntegrityError: the slot does not hold a complete version.
+        """
+        folder = self._folder(name)
         if self._slot(name, slot) is None:
             raise IntegrityError(f"slot {slot} of {name} holds no complete version")
         tmp = folder / "active.new"
@@ -221,10 +304,10 @@ class OtaStore:
         fsync_dir(folder)
 
     def rollback(self, name: str) -> SlotInfo:
-        """Go back to the version in the other slot.
+        """Go back to the complete version in the other slot (hold :meth:`locked`).
 
         Raises:
-            ModelNotFoundError: there is no previous version to go back to.
+            ModelNotFoundError: there is no complete previous version to go back to.
         """
         previous = self.previous(name)
         if previous is None:
@@ -235,7 +318,25 @@ class OtaStore:
     def discard(self, slot: Path) -> None:
         """Remove a slot that failed (never the active one)."""
         if slot.exists() and slot.name != self.active_slot_name(slot.parent.name):
-            shutil.rmtree(slot)
+            self._remove(slot)
+
+
+def open_package(payload: Path, key: bytes, *, name: str, version: int) -> ModelPackage:
+    """A blob's package, decrypted and unpacked into memory (every tag is checked).
+
+    Raises:
+        IntegrityError: a tag fails, or the blob is not a blob.
+        PackageError: the plaintext is not a package of ``name`` ``version``.
+    """
+    plaintext = decrypt_blob(payload, key, name=name, version=version)
+    files = _untar(plaintext, payload.parent)
+    package = package_from_files(files, payload.parent)
+    if (package.name, package.version) != (name, version):
+        raise PackageError(
+            f"{payload}: the decrypted package is {package.qualified_name}, "
+            f"expected {name}:{version}"
+        )
+    return package
 
 
 def _untar(data: bytes, where: Path) -> dict[str, bytes]:

@@ -1,61 +1,65 @@
-"""The device's updater: check, verify, download, install, smoke-test, switch, report.
+"""The device's updater: check, verify, download, smoke-test, install, switch, report.
 
-One check (:meth:`OtaUpdater.check`), for each model the gateway's plan names:
+One check (:meth:`OtaUpdater.check`) holds the store's lock (one update at a
+time, across processes) and, for each model the gateway's plan names:
 
 1. refresh the signed metadata with python-tuf (signatures from the trusted
    root, versions never going back, nothing expired, snapshot consistency);
-   the plan is only a hint: a target it names must be in signed metadata,
-   for this device's group, and newer than what is installed;
+   the plan is only a hint (:mod:`edge_agent.ota.plan`): a target it names
+   must be in signed metadata, for this device's group, not withdrawn, and
+   newer than what is installed;
 2. fetch the group's wrapped data key (a signed target too) and unwrap it;
-3. download the blob, resuming after a cut, never past its signed length;
+3. download the blob, resuming after a cut, never past its signed length
+   (partial downloads of targets no longer offered are removed);
 4. check its length and SHA-256 against the signed metadata, then every
    chunk's authentication tag, streaming (memory does not grow with the model);
-5. write it to the inactive slot and flush it to disk;
-6. smoke-test it: decrypt in memory, load it, run its golden inputs, compare
-   within tolerance, within the profile's latency budget;
+5. smoke-test it from the verified download: decrypt in memory, load it, run
+   its golden inputs, compare within tolerance, within the profile's latency
+   budget (before anything on disk changes: a failed model costs nothing);
+6. write it to the inactive slot and flush it to disk;
 7. switch the active slot atomically, tell the agent (which swaps the model
    without failing a request), report to the gateway.
 
+Going back is never the plan's decision alone: a device leaves its active
+version only when the signed targets metadata no longer lists it or marks it
+``withdrawn`` (``cloud-gateway models withdraw``), and only for a complete
+previous version that is itself still signed and not withdrawn. Otherwise it
+stays, and says why in the outcome and the log.
+
 Any failure leaves the active slot as it was and is reported. Verification
-of metadata is python-tuf's (pure); blob checks are
-:mod:`edge_agent.ota.crypto`'s (pure); this module does the I/O around them.
+of metadata is python-tuf's (pure, behind :mod:`edge_agent.ota.signed`);
+blob checks are :mod:`edge_agent.ota.crypto`'s (pure); steps 2-7 are
+:mod:`edge_agent.ota.install`'s; this module decides, per model, whether to
+install, stay or go back, and reports.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edge_agent.errors import (
-    DownloadError,
-    EdgeError,
-    IntegrityError,
-    MetadataError,
-    NoKeyError,
-    SmokeTestError,
-    UpdateError,
-)
+from edge_agent.errors import MetadataError, ModelNotFoundError, UpdateError
 from edge_agent.ota.bundle import Enrollment
-from edge_agent.ota.crypto import unwrap_key, verify_blob
-from edge_agent.ota.fetch import GatewayFetcher, download_resumable
+from edge_agent.ota.fetch import fetch_plan
+from edge_agent.ota.install import Installer
+from edge_agent.ota.plan import PlanEntry, parse_plan, payload_target
+from edge_agent.ota.signed import SignedMetadata, refresh
+from edge_agent.ota.smoke import smoke_test
 from edge_agent.ota.store import OtaStore, SlotInfo
 from edge_agent.package import ModelPackage
 from edge_agent.profiles.schema import DeviceProfile
-from edge_agent.runtime import open_best
 
 __all__ = ["OtaUpdater", "UpdateOutcome", "UpdateSettings", "smoke_test"]
 
 log = logging.getLogger(__name__)
+
+REPORTED = ("installed", "failed", "rolled_back")
 
 
 @dataclass(frozen=True)
@@ -85,61 +89,21 @@ class UpdateSettings:
 
 @dataclass
 class UpdateOutcome:
+    """What one check did about one model.
+
+    ``status``: installed, failed, rolled_back (``version`` is the one left),
+    current, or skipped (the device stays; ``detail`` says why).
+    """
+
     name: str
     version: int
-    status: str  # installed, failed, rolled_back, current, skipped
+    status: str
     detail: str = ""
     seconds: float = 0.0
     smoke: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
-
-
-def smoke_test(package: ModelPackage, profile: DeviceProfile, *, runs: int = 5) -> dict[str, Any]:
-    """Load ``package`` (from memory), run its golden inputs, check outputs and latency.
-
-    Raises:
-        SmokeTestError: it does not load, its outputs are off, or it is too slow.
-    """
-    try:
-        variant, session = open_best(
-            package,
-            profile.runtime,
-            precisions=profile.precisions,
-            formats=profile.formats,
-            profile_name=f"profile {profile.id}",
-        )
-        golden = package.golden()
-        outputs = session.run(golden.inputs)
-    except EdgeError as exc:
-        raise SmokeTestError(f"{package.qualified_name} does not run: {exc}") from exc
-    worst = 0.0
-    for name, expected in golden.outputs.items():
-        actual = outputs.get(name)
-        if actual is None or actual.shape != expected.shape:
-            raise SmokeTestError(
-                f"{package.qualified_name}: output {name!r} is missing or misshapen"
-            )
-        if not variant.tolerance.allclose(actual, expected):
-            worst = float(np.max(np.abs(actual.astype(np.float64) - expected)))
-            raise SmokeTestError(
-                f"{package.qualified_name} {variant.id}: output {name!r} is off the golden "
-                f"output by {worst:.4g} (tolerance {variant.tolerance.atol:g})"
-            )
-    timings = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        session.run(golden.inputs)
-        timings.append((time.perf_counter() - started) * 1000)
-    latency = float(np.median(timings))
-    budget = profile.latency_budget_ms
-    if budget is not None and latency > budget:
-        raise SmokeTestError(
-            f"{package.qualified_name}: {latency:.1f} ms on its golden inputs, over the "
-            f"profile's budget of {budget:g} ms"
-        )
-    return {"variant": variant.id, "latency_ms": round(latency, 3), "budget_ms": budget}
 
 
 class OtaUpdater:
@@ -169,69 +133,44 @@ class OtaUpdater:
         self.on_installed = on_installed
         self.on_step = on_step
         self.on_progress = on_progress
+        self.listeners: list[Callable[[UpdateOutcome], None]] = []  # told of every report
         self._lock = threading.Lock()  # one check at a time
-        self._last_step_mib = 0
+        self._installer = Installer(
+            self.store,
+            self.client,
+            enrollment,
+            profile,
+            attempts=settings.attempts,
+            timeout_s=settings.timeout_s,
+            bandwidth=settings.bandwidth,
+            on_step=lambda step: self.on_step(step),
+            on_progress=lambda name, done, total: self.on_progress(name, done, total),
+            on_installed=lambda name, package: self.on_installed(name, package),
+        )
         self._wake = threading.Event()
         self._stop = threading.Event()
 
-    # -- the signed metadata ------------------------------------------------------------
-
-    def _tuf(self) -> Any:
-        from tuf.api import exceptions
-        from tuf.ngclient import Updater, UpdaterConfig
-
-        cached = self.store.metadata / "root.json"
-        bootstrap = None if cached.is_file() else self.enrollment.trusted_root
-        if bootstrap is None and not cached.is_file():
-            raise MetadataError(
-                "no trusted root: the enrollment bundle has none and none is cached"
-            )
-        base = self.settings.url.rstrip("/")
-        try:
-            updater = Updater(
-                metadata_dir=str(self.store.metadata),
-                metadata_base_url=f"{base}/v2/ota/metadata/",
-                target_base_url=f"{base}/v2/ota/targets/",
-                target_dir=str(self.store.downloads),
-                fetcher=GatewayFetcher(self.client, timeout=self.settings.timeout_s),
-                config=UpdaterConfig(),
-                bootstrap=bootstrap,
-            )
-            if self.settings.expiry_slack_s:
-                # python-tuf judges expiry against the time its trusted set was made; a
-                # device without a real-time clock gets the configured slack.
-                trusted = updater._trusted_set
-                trusted.reference_time -= timedelta(seconds=self.settings.expiry_slack_s)
-            updater.refresh()
-        except exceptions.RepositoryError as exc:
-            raise MetadataError(f"the update metadata failed verification: {exc}") from exc
-        except exceptions.DownloadError as exc:
-            raise DownloadError(f"cannot fetch the update metadata: {exc}") from exc
-        return updater
-
-    def _targetinfo(self, updater: Any, path: str) -> Any:
-        from tuf.api import exceptions
-
-        try:
-            return updater.get_targetinfo(path)
-        except exceptions.RepositoryError as exc:
-            raise MetadataError(f"the targets metadata failed verification: {exc}") from exc
+    def _metadata(self) -> SignedMetadata:
+        return refresh(
+            url=self.settings.url,
+            client=self.client,
+            metadata_dir=self.store.metadata,
+            downloads=self.store.downloads,
+            trusted_root=self.enrollment.trusted_root,
+            timeout_s=self.settings.timeout_s,
+            expiry_slack_s=self.settings.expiry_slack_s,
+        )
 
     # -- one check ------------------------------------------------------------------------
 
-    def plan(self) -> list[dict[str, Any]]:
-        import httpx
+    def plan(self) -> list[PlanEntry]:
+        """The gateway's plan (at most :data:`~edge_agent.ota.plan.MAX_PLAN_BYTES`).
 
-        try:
-            response = self.client.get("/v2/ota/plan")
-        except httpx.HTTPError as exc:
-            raise DownloadError(f"cannot reach the gateway for the update plan: {exc}") from exc
-        if response.status_code != 200:
-            raise DownloadError(
-                f"the update plan: HTTP {response.status_code}: {response.text[:200]}"
-            )
-        models = response.json().get("models", [])
-        return [m for m in models if isinstance(m, dict)]
+        Raises:
+            DownloadError: the gateway cannot be reached, or its plan is too
+                long or malformed.
+        """
+        return parse_plan(fetch_plan(self.client, timeout=self.settings.timeout_s))
 
     def check(self) -> list[UpdateOutcome]:
         """One update check for every model the plan names.
@@ -240,177 +179,112 @@ class OtaUpdater:
             UpdateError: the plan or the metadata could not be fetched or verified
                 (per-model failures are outcomes, reported to the gateway).
         """
-        with self._lock:
+        with self._lock, self.store.locked():
             self.on_step("plan")
             plan = self.plan()
             if not plan:
                 return []
             self.on_step("metadata")
-            updater = self._tuf()
+            signed = self._metadata()
+            self._clean_downloads(signed, plan)
             outcomes = []
             for entry in plan:
-                outcome = self._one(updater, entry)
+                outcome = self._guarded(signed, entry)
+                if outcome is None:
+                    continue
                 outcomes.append(outcome)
-                if outcome.status in ("installed", "failed", "rolled_back"):
+                if outcome.status in REPORTED:
                     self.report(outcome)
             return outcomes
 
-    def _one(self, updater: Any, entry: dict[str, Any]) -> UpdateOutcome:
-        name, version = str(entry.get("name")), int(entry.get("version", 0))
-        started = time.monotonic()
-        active = self.store.active(name)
-        if active is not None and active.version == version:
-            return UpdateOutcome(name, version, "current")
-        if active is not None and version < active.version:
-            previous = self.store.previous(name)
-            if previous is not None and previous.version == version:
-                self.store.rollback(name)
-                self._announce(name)
-                return UpdateOutcome(
-                    name, version, "rolled_back", f"the plan withdrew v{active.version}"
-                )
-            return UpdateOutcome(
-                name,
-                version,
-                "skipped",
-                f"v{version} is older than the installed v{active.version}",
-            )
+    def _clean_downloads(self, signed: SignedMetadata, plan: list[PlanEntry]) -> None:
+        keep = set()
+        for entry in plan:
+            try:
+                info = signed.target(payload_target(entry.name, entry.version))
+            except MetadataError:
+                return  # not sure what is still offered: keep everything this time
+            if info is not None and not entry.withdrawn:
+                keep.add(info.hashes["sha256"])
+        removed = self.store.clean_downloads(keep)
+        if removed:
+            log.info("removed partial downloads no longer offered: %s", ", ".join(removed))
+
+    def _guarded(self, signed: SignedMetadata, entry: PlanEntry) -> UpdateOutcome | None:
+        """:meth:`_one`, with any unexpected error turned into a failed outcome."""
         try:
-            info, smoke = self._install(updater, name, version, str(entry.get("target", "")))
+            return self._one(signed, entry)
+        except Exception as exc:
+            log.exception("update of %s to v%d failed unexpectedly", entry.name, entry.version)
+            return UpdateOutcome(entry.name, entry.version, "failed", f"unexpected error: {exc!r}")
+
+    def _one(self, signed: SignedMetadata, entry: PlanEntry) -> UpdateOutcome | None:
+        name, version = entry.name, entry.version
+        active = self.store.active(name)
+        if entry.withdrawn and (active is None or active.version != version):
+            return None  # an aborted version this device does not run: nothing to do
+        if active is None or version > active.version:
+            return self._install_outcome(signed, name, version)
+        # the plan names the installed version, or an older one: only a signed
+        # withdrawal of the installed version moves the device
+        reason = signed.withdrawal(name, active.version)
+        if reason is not None:
+            return self._go_back(signed, name, active, reason)
+        if version == active.version and not entry.withdrawn:
+            return UpdateOutcome(name, version, "current")
+        why = (
+            f"the gateway aborted the rollout of v{version}"
+            if entry.withdrawn
+            else f"the plan names v{version}, older than the installed v{active.version}"
+        )
+        return self._stay(
+            name,
+            version,
+            f"{why}, but the signed metadata does not withdraw v{active.version}: staying on "
+            "it until it is withdrawn there (cloud-gateway models withdraw)",
+        )
+
+    def _stay(self, name: str, version: int, detail: str) -> UpdateOutcome:
+        log.warning("%s: %s", name, detail)
+        return UpdateOutcome(name, version, "skipped", detail)
+
+    def _go_back(
+        self, signed: SignedMetadata, name: str, active: SlotInfo, reason: str
+    ) -> UpdateOutcome:
+        """Leave ``active`` for the previous version, if that one is complete and still signed."""
+        previous = self.store.previous(name)
+        if previous is None:
+            return self._stay(
+                name,
+                active.version,
+                f"{reason}, but there is no complete previous version to go back to: "
+                f"staying on v{active.version}",
+            )
+        gone = signed.withdrawal(name, previous.version)
+        if gone is not None:
+            return self._stay(
+                name,
+                active.version,
+                f"{reason}, and the previous version cannot be used either ({gone}): "
+                f"staying on v{active.version}",
+            )
+        package = self.store.package(
+            name, self.enrollment.group, self.enrollment.group_key, previous
+        )
+        self.store.activate(name, previous.slot, on_step=self.on_step)
+        self.on_installed(name, package)
+        detail = f"{reason}: back to v{previous.version}"
+        log.warning("%s: %s", name, detail)
+        return UpdateOutcome(name, active.version, "rolled_back", detail)
+
+    def _install_outcome(self, signed: SignedMetadata, name: str, version: int) -> UpdateOutcome:
+        started = time.monotonic()
+        try:
+            info, smoke = self._installer.install(signed, name, version)
         except UpdateError as exc:
             log.warning("update of %s to v%d failed: %s", name, version, exc)
             return UpdateOutcome(name, version, "failed", str(exc), time.monotonic() - started)
         return UpdateOutcome(name, info.version, "installed", "", time.monotonic() - started, smoke)
-
-    def _install(
-        self, updater: Any, name: str, version: int, target: str
-    ) -> tuple[SlotInfo, dict[str, Any]]:
-        group = self.enrollment.group
-        info = self._targetinfo(updater, target)
-        if info is None:
-            raise MetadataError(f"{target!r} is not in the signed metadata")
-        custom = info.custom or {}
-        if custom.get("model") != name or custom.get("version") != version:
-            raise MetadataError(
-                f"{target!r} is signed as {custom.get('model')} v{custom.get('version')}"
-            )
-        if group not in custom.get("groups", []):
-            raise NoKeyError(f"{name} v{version} is not published for group {group!r}")
-        key_path = custom.get("keys", {}).get(group)
-        key_info = self._targetinfo(updater, key_path) if key_path else None
-        if key_info is None:
-            raise NoKeyError(f"no data key for group {group!r} in the signed metadata")
-        wrapped = self._fetch_key(updater, key_info)
-        data_key = unwrap_key(
-            wrapped, self.enrollment.group_key, name=name, version=version, group=group
-        )
-        self.on_step("key")
-
-        part = self.store.downloads / f"{info.hashes['sha256']}.part"
-        digest = self._download(info, part, name)
-        self.on_step("downloaded")
-        # the length is held to the signed one while downloading; the hash is checked now,
-        # before anything is decrypted
-        if part.stat().st_size != info.length or digest != info.hashes["sha256"]:
-            part.unlink()
-            raise IntegrityError(
-                f"{name} v{version}: the blob does not match the signed length and hash "
-                f"(sha256 {digest[:16]}..., expected {info.hashes['sha256'][:16]}...)"
-            )
-        self.on_step("hash-verified")
-        with part.open("rb", buffering=0) as handle:
-            verify_blob(
-                handle,
-                data_key,
-                name=name,
-                version=version,
-                on_chunk=lambda index: self.on_step(f"tag-verified:{name}:{index}"),
-            )
-        self.on_step("tags-verified")
-
-        slot = self.store.prepare(name)
-        self.on_step("slot-prepared")
-        written = self.store.write(
-            slot,
-            name=name,
-            version=version,
-            payload=part,
-            wrapped_key=wrapped,
-            sha256=info.hashes["sha256"],
-            on_step=self.on_step,
-        )
-        self.on_step("slot-written")
-        try:
-            package = self.store.package(name, group, self.enrollment.group_key, written)
-            smoke = smoke_test(package, self.profile)
-        except SmokeTestError:
-            self.store.discard(slot)
-            raise
-        except EdgeError as exc:
-            self.store.discard(slot)
-            raise SmokeTestError(f"{name} v{version} cannot be loaded: {exc}") from exc
-        self.on_step("smoke-tested")
-        self.store.activate(name, written.slot, on_step=self.on_step)
-        self.on_step("switched")
-        self.on_installed(name, package)
-        return written, smoke
-
-    def _fetch_key(self, updater: Any, key_info: Any) -> dict[str, Any]:
-        from tuf.api import exceptions
-
-        try:
-            path = updater.download_target(key_info, str(self.store.downloads / "key.json"))
-        except exceptions.DownloadHTTPError as exc:
-            if exc.status_code in (403, 404):
-                raise NoKeyError(
-                    f"the gateway has no data key for group {self.enrollment.group!r}"
-                ) from exc
-            raise DownloadError(f"cannot fetch the data key: {exc}") from exc
-        except exceptions.DownloadError as exc:
-            raise DownloadError(f"cannot fetch the data key: {exc}") from exc
-        except exceptions.RepositoryError as exc:
-            raise IntegrityError(f"the data key file does not match its metadata: {exc}") from exc
-        try:
-            document: dict[str, Any] = json.loads(Path(path).read_text())
-            return document
-        finally:
-            Path(path).unlink(missing_ok=True)
-
-    def _download(self, info: Any, part: Path, name: str) -> str:
-        directory, _, base = info.path.rpartition("/")
-        url = f"/v2/ota/targets/{directory}/{info.hashes['sha256']}.{base}"
-        last: DownloadError | None = None
-        self._last_step_mib = 0
-        for attempt in range(self.settings.attempts):
-            try:
-                return download_resumable(
-                    self.client,
-                    url,
-                    part,
-                    info.length,
-                    timeout=self.settings.timeout_s,
-                    bandwidth=self.settings.bandwidth,
-                    on_chunk=lambda done: self._chunk(name, done, info.length),
-                )
-            except DownloadError as exc:
-                if "endless data" in str(exc):
-                    part.unlink(missing_ok=True)
-                    raise
-                last = exc
-                log.info("download of %s interrupted (%s); resuming", name, exc)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
-        raise last or DownloadError(f"cannot download {name}")
-
-    def _chunk(self, name: str, done: int, total: int) -> None:
-        self.on_progress(name, done, total)
-        mebibytes = done >> 20  # one step per MiB: the same steps whatever the network does
-        if mebibytes > self._last_step_mib:
-            self._last_step_mib = mebibytes
-            self.on_step(f"download:{name}:{mebibytes}MiB")
-
-    def _announce(self, name: str) -> None:
-        package = self.store.package(name, self.enrollment.group, self.enrollment.group_key)
-        self.on_installed(name, package)
 
     def report(self, outcome: UpdateOutcome) -> None:
         """Tell the gateway what happened (best effort: a failure to report is logged)."""
@@ -427,13 +301,38 @@ class OtaUpdater:
         except httpx.HTTPError as exc:
             log.warning("cannot report the update of %s: %s", outcome.name, exc)
         self.on_step("reported")
+        for listener in self.listeners:
+            listener(outcome)
 
     def rollback(self, name: str) -> SlotInfo:
-        """Go back to the previous version of ``name`` and tell the agent and the gateway."""
-        with self._lock:
-            previous = self.store.rollback(name)
-            self._announce(name)
-            self.report(UpdateOutcome(name, previous.version, "rolled_back", "by the operator"))
+        """Go back to the previous version of ``name`` and tell the agent and the gateway.
+
+        The operator's decision on the device itself: no signed withdrawal is
+        needed. The gateway records the version left as ``rolled_back`` and
+        does not offer it to this device again (until its rollout is started
+        again, or a newer version comes).
+
+        Raises:
+            ModelNotFoundError: there is no complete previous version.
+        """
+        with self._lock, self.store.locked():
+            active = self.store.active(name)
+            previous = self.store.previous(name)
+            if active is None or previous is None:
+                raise ModelNotFoundError(f"{name!r} has no previous version to roll back to")
+            package = self.store.package(
+                name, self.enrollment.group, self.enrollment.group_key, previous
+            )
+            self.store.activate(name, previous.slot)
+            self.on_installed(name, package)
+            self.report(
+                UpdateOutcome(
+                    name,
+                    active.version,
+                    "rolled_back",
+                    f"by the operator: back to v{previous.version}",
+                )
+            )
             return previous
 
     # -- in the background ----------------------------------------------------------------
@@ -443,12 +342,18 @@ class OtaUpdater:
         self._wake.set()
 
     def run(self) -> None:
-        """Check on the interval (plus jitter) until :meth:`stop`; failures are logged."""
+        """Check on the interval (plus jitter) until :meth:`stop`; failures are logged.
+
+        Never raises (short of ``BaseException``): a failed check is logged
+        and the next one comes at the next interval.
+        """
         while not self._stop.is_set():
             try:
                 self.check()
             except UpdateError as exc:
                 log.warning("update check failed: %s", exc)
+            except Exception:  # the thread must outlive any bug: the next check may succeed
+                log.exception("update check failed unexpectedly")
             delay = self.settings.interval_s + random.uniform(0, self.settings.jitter_s)
             self._wake.wait(delay)
             self._wake.clear()
