@@ -6,6 +6,9 @@ each token: the tokens are 256-bit random values, so a fast hash is as strong
 as a slow one here and lets every request be checked in microseconds. The
 token is printed once, when the device is added, and never stored.
 
+Each device also gets a Mosquitto-compatible hash of its token (its MQTT
+password; see ``cloud-gateway mqtt acl``), made while the token is known.
+
 The gateway re-reads the file when it changes (checked at most once a
 second), so ``cloud-gateway device add`` and ``device revoke`` take effect on
 a running gateway.
@@ -13,6 +16,7 @@ a running gateway.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -36,6 +40,7 @@ __all__ = [
     "DeviceRegistry",
     "RateLimiter",
     "TokenBucket",
+    "mosquitto_hash",
     "parse_bearer",
     "write_private",
 ]
@@ -62,6 +67,15 @@ def write_private(path: Path, data: bytes) -> None:
 
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def mosquitto_hash(password: str, *, iterations: int = 1000, salt: bytes | None = None) -> str:
+    """``password`` as a line of Mosquitto's password file takes it (``$7$``:
+    PBKDF2-HMAC-SHA512, a 12-byte salt), as ``mosquitto_passwd`` writes it."""
+    salt = salt if salt is not None else secrets.token_bytes(12)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    encode = base64.b64encode
+    return f"$7${iterations}${encode(salt).decode()}${encode(digest).decode()}"
 
 
 def parse_bearer(header: str | None) -> str | None:
@@ -92,6 +106,7 @@ class DeviceRegistry:
         self._lock = threading.Lock()
         self._devices: dict[str, Device] = {}
         self._hashes: dict[str, str] = {}
+        self._mqtt: dict[str, str] = {}
         self._stamp: tuple[int, int] | None = None
         self._checked = float("-inf")
         self._load()
@@ -109,6 +124,7 @@ class DeviceRegistry:
         stamp = self._file_stamp()
         devices: dict[str, Device] = {}
         hashes: dict[str, str] = {}
+        mqtt: dict[str, str] = {}
         if stamp is not None:
             try:
                 document = json.loads(self.path.read_text())
@@ -121,11 +137,13 @@ class DeviceRegistry:
                         created=str(entry.get("created", "")),
                     )
                     hashes[device_id] = str(entry["token_sha256"])
+                    if "mqtt_password" in entry:
+                        mqtt[device_id] = str(entry["mqtt_password"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ConfigError(
                     f"the device registry is unreadable: {exc}", path=self.path
                 ) from exc
-        self._devices, self._hashes, self._stamp = devices, hashes, stamp
+        self._devices, self._hashes, self._mqtt, self._stamp = devices, hashes, mqtt, stamp
 
     def _save(self) -> None:
         document: dict[str, Any] = {"version": 1, "devices": {}}
@@ -133,6 +151,8 @@ class DeviceRegistry:
             entry = asdict(device)
             del entry["id"]
             entry["token_sha256"] = self._hashes[device_id]
+            if device_id in self._mqtt:
+                entry["mqtt_password"] = self._mqtt[device_id]
             document["devices"][device_id] = entry
         write_private(self.path, (json.dumps(document, indent=2) + "\n").encode())
         self._stamp = self._file_stamp()
@@ -178,6 +198,7 @@ class DeviceRegistry:
             created = datetime.now(timezone.utc).isoformat(timespec="seconds")
             self._devices[device_id] = Device(device_id, group, role, False, created)
             self._hashes[device_id] = _hash(token)
+            self._mqtt[device_id] = mosquitto_hash(token)
             self._save()
         return token
 
@@ -202,6 +223,10 @@ class DeviceRegistry:
 
     def get(self, device_id: str) -> Device | None:
         return self._devices.get(device_id)
+
+    def mqtt_password(self, device_id: str) -> str | None:
+        """The device's MQTT password hash (``None`` for devices added before there was one)."""
+        return self._mqtt.get(device_id)
 
     # -- requests --------------------------------------------------------------
 

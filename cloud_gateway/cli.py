@@ -13,6 +13,7 @@
     cloud-gateway rollout start --name N --version V --group G --percent P
     cloud-gateway rollout status [--name N]
     cloud-gateway rollout pause|resume|abort --name N [--version V] [--group G]
+    cloud-gateway mqtt acl --out DIR [--gateway-user NAME]
     cloud-gateway bench [--json FILE] [--chart FILE]
 
 Errors exit 1 with one line on stderr (``--debug`` adds the traceback).
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry
-from cloud_gateway.config import GatewayConfig, load_config
+from cloud_gateway.config import GatewayConfig, MqttBridgeConfig, load_config
 from edge_agent.errors import EdgeError
 
 __all__ = ["main"]
@@ -192,6 +193,35 @@ def _ota_refresh(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mqtt_acl(args: argparse.Namespace) -> int:
+    from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
+
+    if args.config is not None:
+        config = load_config(args.config, repository=Path("."))
+    else:
+        config = GatewayConfig(repository=Path("."), state_dir=_state_dir(args))
+    user = args.gateway_user or (config.mqtt.username if config.mqtt else None)
+    user = user or MqttBridgeConfig().username
+    password = ensure_gateway_password(config.mqtt_password_file)
+    try:
+        files = write_broker_files(
+            _registry(args), args.out, gateway_user=user, gateway_password=password
+        )
+    except ValueError as exc:
+        raise EdgeError(str(exc)) from None
+    print(f"password file for {files.devices} devices and {user!r}: {files.passwd}")
+    print(f"ACL file: {files.acl}")
+    print(f"the gateway's own password (mode 0600): {config.mqtt_password_file}")
+    if files.skipped:
+        print(
+            f"left out (no MQTT password yet; `device add --replace` issues one): "
+            f"{', '.join(files.skipped)}",
+            file=sys.stderr,
+        )
+    print("point Mosquitto at them (password_file, acl_file) and send it SIGHUP to reload")
+    return 0
+
+
 def _rollouts(args: argparse.Namespace) -> Any:
     from cloud_gateway.ota.rollouts import RolloutStore
 
@@ -285,7 +315,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="The cloud gateway: Open Inference Protocol over REST and gRPC."
+        prog=PROG,
+        description="The cloud gateway: Open Inference Protocol over REST, gRPC and MQTT.",
     )
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
     parser.add_argument("--config", type=Path, help="gateway configuration file (TOML)")
@@ -398,6 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--version", type=int)
         command.add_argument("--group")
         command.set_defaults(run=_rollout_state(state))
+
+    mqtt = commands.add_parser("mqtt", help="the fleet's MQTT broker")
+    mqtt_commands = mqtt.add_subparsers(dest="mqtt_command", metavar="ACTION", required=True)
+    acl = mqtt_commands.add_parser(
+        "acl", help="write Mosquitto's password and ACL files from the device registry"
+    )
+    acl.add_argument("--out", type=Path, required=True, help="directory for passwd and acl")
+    acl.add_argument("--gateway-user", help="the bridge's broker user (default: _gateway)")
+    acl.set_defaults(run=_mqtt_acl)
 
     bench = commands.add_parser("bench", help="throughput and latency under concurrent load")
     bench.add_argument("--model", default="digits-heavy")

@@ -38,6 +38,15 @@ A TOML file (every field optional; command-line flags override it)::
     [metrics]
     public = false                   # true: /metrics without a token (it names devices)
 
+    [mqtt]                           # the MQTT bridge (offload, announcements); off when absent
+    host = "127.0.0.1"
+    port = 1883
+    username = "_gateway"            # `cloud-gateway mqtt acl` writes it into the broker's files
+    password_file = "gateway-state/mqtt-gateway.password"   # default: in state_dir (0600)
+    announce_interval_s = 2.0        # how often rollouts are checked for changes to announce
+    [mqtt.tls]
+    ca = "ca.pem"                    # and cert/key for a client certificate
+
 A wrong field fails at start with the file, the field and what was expected.
 """
 
@@ -47,12 +56,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from edge_agent.config import read_tls
 from edge_agent.errors import ConfigError
 from edge_agent.fields import Fields, load_document
+from edge_agent.offload.base import TLSSettings
 from edge_agent.package import FORMATS, PRECISIONS
 from edge_agent.runtime import RuntimeOptions
 
-__all__ = ["BatchingConfig", "GatewayConfig", "RateLimitConfig", "TLSConfig", "load_config"]
+__all__ = [
+    "BatchingConfig",
+    "GatewayConfig",
+    "MqttBridgeConfig",
+    "RateLimitConfig",
+    "TLSConfig",
+    "load_config",
+]
+
+GATEWAY_MQTT_USER = "_gateway"  # a device id cannot start with "_": no device can take it
 
 
 @dataclass(frozen=True)
@@ -82,6 +102,16 @@ class TLSConfig:
 
 
 @dataclass(frozen=True)
+class MqttBridgeConfig:
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str = GATEWAY_MQTT_USER
+    password_file: Path | None = None  # default: <state_dir>/mqtt-gateway.password
+    tls: TLSSettings | None = None
+    announce_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     repository: Path
     state_dir: Path = Path("gateway-state")
@@ -103,11 +133,19 @@ class GatewayConfig:
     model_batching: dict[str, BatchingConfig] = field(default_factory=dict)
     metrics_public: bool = False
     ota_repository: Path | None = None
+    mqtt: MqttBridgeConfig | None = None
     source: Path | None = None
 
     @property
     def devices_file(self) -> Path:
         return self.state_dir / "devices.json"
+
+    @property
+    def mqtt_password_file(self) -> Path:
+        """The gateway's own password on the broker (made by ``cloud-gateway mqtt acl``)."""
+        if self.mqtt is not None and self.mqtt.password_file is not None:
+            return self.mqtt.password_file
+        return self.state_dir / "mqtt-gateway.password"
 
     def batching_for(self, model: str) -> BatchingConfig:
         return self.model_batching.get(model, self.batching)
@@ -195,6 +233,19 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
     metrics = fields.table("metrics", None)
     metrics_public = metrics.boolean("public", False)
     metrics.done()
+    mqtt = None
+    if fields.has("mqtt"):
+        m = fields.table("mqtt")
+        password_file = m.string("password_file", None)
+        mqtt = MqttBridgeConfig(
+            host=m.string("host", "127.0.0.1"),
+            port=m.integer("port", 1883, minimum=1, maximum=65535),
+            username=m.string("username", GATEWAY_MQTT_USER),
+            password_file=resolve(password_file) if password_file else None,
+            tls=read_tls(m, resolve),
+            announce_interval_s=m.number("announce_interval_s", 2.0, minimum=0.1),
+        )
+        m.done()
     config = GatewayConfig(
         repository=resolve(repository) if repository else defaults["repository"],
         state_dir=resolve(fields.string("state_dir", str(default.state_dir))),
@@ -215,6 +266,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
         model_batching=model_batching,
         metrics_public=metrics_public,
         ota_repository=resolve(ota_repository) if ota_repository else None,
+        mqtt=mqtt,
         source=path,
     )
     fields.done()

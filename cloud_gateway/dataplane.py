@@ -134,6 +134,10 @@ class DataPlane:
             await self._batchers.pop(key).close()
         self.executor.shutdown(wait=True)
 
+    def clock(self) -> float:
+        """Now, on the clock deadlines are kept on."""
+        return self._clock()
+
     # -- health and metadata ----------------------------------------------------------
 
     def live(self) -> bool:
@@ -221,12 +225,14 @@ class DataPlane:
         device: Device | None,
         protocol: str,
         deadline: float | None = None,
+        request_id: str | None = None,
     ) -> InferResponse:
         """Run one request.
 
         ``deadline`` is on this data plane's clock (the front end's own
         deadline, e.g. gRPC's); the request's ``timeout`` parameter can only
-        shorten it.
+        shorten it. ``request_id`` is the caller's ``x-request-id`` (the agent
+        sends the id its application gave it): failures are logged with it.
 
         Raises:
             GatewayError or EdgeError: mapped to a status by the front end.
@@ -265,7 +271,13 @@ class DataPlane:
             self.metrics.requests.labels(model_label, protocol, status.kind).inc()
             self.metrics.failures.labels(model_label, protocol, status.kind).inc()
             if status.http >= 500:
-                log.error("request for %s failed: %s", model_label, exc)
+                log.error(
+                    "request %s for %s failed: %s",
+                    request_id or "-",
+                    model_label,
+                    exc,
+                    extra={"request_id": request_id},
+                )
             raise
         self.metrics.requests.labels(model_label, protocol, "ok").inc()
         self.metrics.request_seconds.labels(model_label, protocol).observe(self._clock() - started)

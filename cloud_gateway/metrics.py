@@ -87,5 +87,18 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.mqtt_dropped = Counter(
+            "gateway_mqtt_dropped",
+            "MQTT requests dropped unanswered (no valid token, response topic or correlation).",
+            ["reason"],
+            registry=r,
+        )
+        self.mqtt_announcements = Counter(
+            "gateway_mqtt_announcements",
+            "Rollout announcements published, by group.",
+            ["group"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -1,4 +1,5 @@
-"""The gateway process: one event loop serving REST (uvicorn) and gRPC (grpc.aio).
+"""The gateway process: one event loop serving REST (uvicorn), gRPC (grpc.aio)
+and, when configured, the MQTT bridge.
 
 :class:`Gateway` builds the parts from one :class:`GatewayConfig` (the backend
 is injectable), loads the repository, starts both front ends and re-scans the
@@ -25,10 +26,12 @@ from cloud_gateway.config import GatewayConfig
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.grpc.servicer import InferenceServicer, add_to_server
 from cloud_gateway.metrics import GatewayMetrics
+from cloud_gateway.mqtt.bridge import MqttBridge
 from cloud_gateway.ota.rollouts import RolloutStore
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
 from cloud_gateway.rest.app import create_app
+from edge_agent.errors import ConfigError
 
 __all__ = ["Gateway", "GatewayThread"]
 
@@ -67,6 +70,22 @@ class Gateway:
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: grpc.aio.Server | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        self.mqtt: MqttBridge | None = None
+        if config.mqtt is not None:
+            self.mqtt = MqttBridge(config.mqtt, self._mqtt_password(), self.plane, ota=self.ota)
+
+    def _mqtt_password(self) -> str:
+        path = self.config.mqtt_password_file
+        try:
+            password = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"the gateway's MQTT password: {exc.strerror} (`cloud-gateway mqtt acl` makes it)",
+                path=path,
+            ) from None
+        if not password:
+            raise ConfigError("the gateway's MQTT password file is empty", path=path)
+        return password
 
     async def start(self) -> None:
         config = self.config
@@ -132,6 +151,8 @@ class Gateway:
             self.grpc_port,
             ", TLS" if config.tls else "",
         )
+        if self.mqtt is not None:
+            await self.mqtt.start()
         if config.poll_interval_s > 0:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
 
@@ -148,6 +169,8 @@ class Gateway:
             self._poll_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poll_task
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task

@@ -65,6 +65,7 @@ from edge_agent.profiles.state import DeviceState, read_device_state
 from edge_agent.protocol.types import InferRequest
 from edge_agent.runtime import Session, open_best, rank_variants
 from edge_agent.runtime.selection import installed_formats
+from edge_agent.stats import LatencyWindow
 from edge_agent.tensors import datatype_of
 
 __all__ = [
@@ -231,6 +232,8 @@ class Agent:
         self._remote: dict[str, LatencyEstimate] = {}
         self.degraded = 0
         self.cached_answers = 0
+        self.latency = LatencyWindow()
+        self.power_mode = profile.default_power_mode
 
     # -- models on the device ------------------------------------------------------------
 
@@ -442,6 +445,18 @@ class Agent:
             InputError: the inputs do not fit the model, or the label is unknown.
             OffloadError: the cloud failed and no fallback could answer.
         """
+        result = self._infer(model, inputs, label, deadline_ms, request_id)
+        self.latency.observe(result.where, result.latency_ms)
+        return result
+
+    def _infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        label: str | None,
+        deadline_ms: float | None,
+        request_id: str | None,
+    ) -> AgentResult:
         started = self._clock()
         self._check_label(label)
         request_id = request_id or uuid.uuid4().hex
@@ -621,6 +636,18 @@ class Agent:
         raise type(error)(
             f"{error}; and no local model or cached answer for {model!r} could stand in"
         ) from error
+
+    def loaded(self) -> dict[str, dict[str, Any]]:
+        """The models loaded on the device: their versions and variants."""
+        with self._lock:
+            local = dict(self._local)
+        return {
+            name: {"version": entry.package.version, "variant": entry.variant.id}
+            for name, entry in sorted(local.items())
+        }
+
+    def device_state(self) -> DeviceState:
+        return self._device_state()
 
     def close(self) -> None:
         for local in list(self._local.values()):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from edge_agent.agent import DEFAULT_POLICY, Agent, LayeredSource, ModelSource
@@ -20,7 +21,14 @@ from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 
-__all__ = ["OtaSource", "create_agent", "create_updater", "resolve_profile"]
+__all__ = [
+    "OtaSource",
+    "create_agent",
+    "create_connection",
+    "create_fleet_link",
+    "create_updater",
+    "resolve_profile",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +65,89 @@ def _enrollment(config: AgentConfig) -> Any:
     return load_bundle(config.ota.bundle)
 
 
+def _always() -> bool:
+    return True
+
+
+def _device_token(config: AgentConfig, enrollment: Any) -> str | None:
+    token = config.gateway.token if config.gateway is not None else None
+    return token or (enrollment.token if enrollment is not None else None)
+
+
+def create_connection(config: AgentConfig) -> Any:
+    """The device's MQTT connection (not yet started), or ``None`` without ``[mqtt]``.
+
+    The username defaults to the device id, the password to the device's token.
+
+    Raises:
+        ConfigError: no password can be found, or the bundle names another device.
+    """
+    if config.mqtt is None:
+        return None
+    from edge_agent.mqtt import MqttConnection
+
+    enrollment = _enrollment(config)
+    device = config.device_id
+    if enrollment is not None:
+        if device not in (enrollment.device_id, AgentConfig.device_id):
+            raise ConfigError(
+                f"device_id {device!r} but the enrollment bundle is for {enrollment.device_id!r}",
+                path=config.source,
+            )
+        device = enrollment.device_id
+    settings = replace(
+        config.mqtt,
+        username=config.mqtt.username or device,
+        password=config.mqtt.password or _device_token(config, enrollment),
+    )
+    if not settings.password:
+        raise ConfigError(
+            "[mqtt] needs a password: password_file, or the device's token "
+            "([gateway] token_file or an [ota] bundle)",
+            path=config.source,
+        )
+    return MqttConnection(settings, device_id=device)
+
+
+def create_fleet_link(
+    config: AgentConfig,
+    connection: Any,
+    *,
+    agent: Callable[[], Agent] | None = None,
+    updater: Any = None,
+) -> Any:
+    """Telemetry (per ``[telemetry]``) and rollout announcements over ``connection``;
+    ``agent()`` is the agent whose state the periodic telemetry reports."""
+    from edge_agent.fleet import FleetLink
+    from edge_agent.telemetry import Telemetry, TelemetryQueue, agent_reports
+
+    telemetry = None
+    if config.telemetry is not None:
+        queue = TelemetryQueue(
+            config.state_dir / "telemetry.sqlite", max_messages=config.telemetry.max_messages
+        )
+        telemetry = Telemetry(
+            connection,
+            queue,
+            periodic=(lambda: agent_reports(agent())) if agent is not None else dict,
+            interval_s=config.telemetry.interval_s,
+        )
+    enrollment = _enrollment(config)
+    group = enrollment.group if enrollment is not None else None
+    return FleetLink(connection, telemetry=telemetry, updater=updater, group=group)
+
+
 def create_agent(
     config: AgentConfig,
     *,
     device_state: Callable[[], DeviceState] | None = None,
     profile: DeviceProfile | None = None,
+    connection: Any = None,
 ) -> Agent:
     """An agent as ``config`` describes it: profile, models, policy, privacy, gateway.
+
+    ``connection`` is the device's MQTT connection (:func:`create_connection`),
+    needed when the gateway protocol is ``mqtt``.
 
     Raises:
         ConfigError, ProfileError, PolicyError: a configuration file is wrong.
@@ -90,12 +174,26 @@ def create_agent(
             log.warning("no face detector (%s): pictures cannot be searched for faces", exc)
     inspector = PrivacyInspector(detector)
     offload = None
+    online: Callable[[], bool] = _always
     if config.gateway is not None:
         from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
 
         gateway = config.gateway
-        token = gateway.token or (enrollment.token if enrollment is not None else None)
-        transport = make_transport(gateway.protocol, gateway.address, token=token, tls=gateway.tls)
+        token = _device_token(config, enrollment)
+        transport: Any
+        if gateway.protocol == "mqtt":
+            from edge_agent.offload.mqtt import MqttTransport
+
+            if connection is None:
+                raise ConfigError(
+                    "offload over MQTT needs the device's MQTT connection", path=config.source
+                )
+            transport = MqttTransport(connection, token=token)
+            online = connection.is_connected
+        else:
+            transport = make_transport(
+                gateway.protocol, gateway.address, token=token, tls=gateway.tls
+            )
 
         def preprocessing(model: str) -> Any:
             try:
@@ -118,6 +216,7 @@ def create_agent(
         cache_entries=config.cache_entries,
         deadline_ms=config.deadline_ms,
         device_state=device_state,
+        online=online,
         root=config.root,
     )
 

@@ -11,9 +11,11 @@ the sample models, local only)::
     deadline_ms = 1000              # a request's deadline unless it brings its own
     cache_entries = 256             # answers kept for the cached fallback tier
 
+    state_dir = "/var/lib/edge-agent"   # the telemetry queue, OTA slots
+
     [gateway]                       # offload; absent: local only
-    address = "127.0.0.1:8001"
-    protocol = "grpc"               # grpc | http
+    address = "127.0.0.1:8001"      # (not for mqtt: requests go through the broker)
+    protocol = "grpc"               # grpc | http | mqtt
     token_file = "device.token"     # or token = "..." (the file is better: mode 0600)
     retries = 2
     [gateway.tls]
@@ -32,29 +34,57 @@ the sample models, local only)::
     bundle = "enrollment.json"      # from `cloud-gateway device add` (mode 0600)
     url = "http://127.0.0.1:8000"   # the gateway's REST address (default: the bundle's)
     state_dir = "/var/lib/edge-agent"   # slots, partial downloads, trusted metadata
+                                        # (default: the top-level state_dir)
     interval_s = 3600               # periodic check, plus up to jitter_s at random
     jitter_s = 300
     expiry_slack_s = 0              # accept metadata expired this long ago (no real-time clock)
     bandwidth = 0                   # bytes/s for downloads (0: no cap)
+
+    [mqtt]                          # the fleet's broker: telemetry, announcements, offload
+    host = "broker.example"
+    port = 8883
+    username = "cam-01"             # default: the device id
+    password_file = "device.token"  # default: the device's token (gateway or bundle)
+    keepalive = 30
+    [mqtt.tls]                      # as [gateway.tls]
+    ca = "ca.pem"
+
+    [telemetry]                     # needs [mqtt]; on by default when [mqtt] is there
+    enabled = true
+    interval_s = 30                 # status, decisions and latency every interval
+    max_messages = 10000            # the on-disk queue's bound (oldest dropped, counted)
+
 """
 
 from __future__ import annotations
 
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edge_agent.fields import Fields, load_document
+from edge_agent.mqtt import MqttSettings
 from edge_agent.offload.base import TLSSettings
 from edge_agent.paths import default_model_dir
 
-__all__ = ["AgentConfig", "BreakerConfig", "GatewaySettings", "OtaSettings", "load_agent_config"]
+__all__ = [
+    "AgentConfig",
+    "BreakerConfig",
+    "GatewaySettings",
+    "OtaSettings",
+    "TelemetrySettings",
+    "load_agent_config",
+    "read_tls",
+]
+
+STATE_DIR = Path("/var/lib/edge-agent")
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    address: str
+    address: str  # empty for mqtt
     protocol: str = "grpc"
     token: str | None = None
     retries: int = 2
@@ -70,6 +100,12 @@ class OtaSettings:
     jitter_s: float = 300.0
     expiry_slack_s: float = 0.0
     bandwidth: int = 0
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    interval_s: float = 30.0
+    max_messages: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -91,23 +127,43 @@ class AgentConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     face_detector: bool = True
     ota: OtaSettings | None = None
+    state_dir: Path = STATE_DIR
+    mqtt: MqttSettings | None = None
+    telemetry: TelemetrySettings | None = None
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _read_token(path: Path, fields: Fields) -> str:
+def _read_secret(path: Path, fields: Fields, name: str) -> str:
     try:
         mode = path.stat().st_mode
-        token = path.read_text().strip()
+        secret = path.read_text().strip()
     except OSError as exc:
-        raise fields.fail("token_file", f"cannot read {path}: {exc.strerror}") from exc
+        raise fields.fail(name, f"cannot read {path}: {exc.strerror}") from exc
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise fields.fail(
-            "token_file", f"{path} is readable by others (mode {oct(mode & 0o777)}); expected 0600"
+            name, f"{path} is readable by others (mode {oct(mode & 0o777)}); expected 0600"
         )
-    if not token:
-        raise fields.fail("token_file", f"{path} is empty")
-    return token
+    if not secret:
+        raise fields.fail(name, f"{path} is empty")
+    return secret
+
+
+def read_tls(fields: Fields, resolve: Callable[[str], Path]) -> TLSSettings | None:
+    """The ``tls`` table of ``fields`` (``None`` when absent)."""
+    if not fields.has("tls"):
+        return None
+    t = fields.table("tls")
+    tls = TLSSettings(
+        ca=resolve(t.string("ca")) if t.has("ca") else None,
+        cert=resolve(t.string("cert")) if t.has("cert") else None,
+        key=resolve(t.string("key")) if t.has("key") else None,
+        server_name=t.string("server_name", None),
+    )
+    if (tls.cert is None) != (tls.key is None):
+        raise t.fail("cert", "cert and key go together")
+    t.done()
+    return tls
 
 
 def load_agent_config(path: Path | None) -> AgentConfig:
@@ -136,25 +192,16 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         if token is not None and token_file is not None:
             raise g.fail("token", "give token or token_file, not both")
         if token_file is not None:
-            token = _read_token(resolve(token_file), g)
-        tls = None
-        if g.has("tls"):
-            t = g.table("tls")
-            tls = TLSSettings(
-                ca=resolve(t.string("ca")) if t.has("ca") else None,
-                cert=resolve(t.string("cert")) if t.has("cert") else None,
-                key=resolve(t.string("key")) if t.has("key") else None,
-                server_name=t.string("server_name", None),
-            )
-            if (tls.cert is None) != (tls.key is None):
-                raise t.fail("cert", "cert and key go together")
-            t.done()
+            token = _read_secret(resolve(token_file), g, "token_file")
+        protocol = g.string("protocol", "grpc", choices=["grpc", "http", "mqtt"])
+        if protocol == "mqtt" and not fields.has("mqtt"):
+            raise g.fail("protocol", "mqtt needs an [mqtt] section (the broker)")
         gateway = GatewaySettings(
-            address=g.string("address"),
-            protocol=g.string("protocol", "grpc", choices=["grpc", "http"]),
+            address=g.string("address", "" if protocol == "mqtt" else None),
+            protocol=protocol,
             token=token,
             retries=g.integer("retries", 2, minimum=0),
-            tls=tls,
+            tls=read_tls(g, resolve),
         )
         g.done()
     b = fields.table("breaker", None)
@@ -166,12 +213,13 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     p = fields.table("privacy", None)
     face_detector = p.boolean("face_detector", True)
     p.done()
+    state_dir = resolve(fields.string("state_dir", str(STATE_DIR)))
     ota = None
     if fields.has("ota"):
         o = fields.table("ota")
         ota = OtaSettings(
             bundle=resolve(o.string("bundle")),
-            state_dir=resolve(o.string("state_dir", "/var/lib/edge-agent")),
+            state_dir=resolve(o.string("state_dir", str(state_dir))),
             url=o.string("url", None),
             interval_s=o.number("interval_s", 3600.0, minimum=1.0),
             jitter_s=o.number("jitter_s", 300.0, minimum=0.0),
@@ -179,6 +227,31 @@ def load_agent_config(path: Path | None) -> AgentConfig:
             bandwidth=o.integer("bandwidth", 0, minimum=0),
         )
         o.done()
+    mqtt = None
+    if fields.has("mqtt"):
+        m = fields.table("mqtt")
+        password_file = m.string("password_file", None)
+        mqtt = MqttSettings(
+            host=m.string("host", "127.0.0.1"),
+            port=m.integer("port", 1883, minimum=1, maximum=65535),
+            username=m.string("username", None),
+            password=_read_secret(resolve(password_file), m, "password_file")
+            if password_file
+            else None,
+            tls=read_tls(m, resolve),
+            keepalive=m.integer("keepalive", 30, minimum=5),
+        )
+        m.done()
+    t = fields.table("telemetry", None)
+    telemetry = None
+    if t.boolean("enabled", mqtt is not None):
+        if mqtt is None:
+            raise t.fail("enabled", "telemetry needs an [mqtt] section (the broker)")
+        telemetry = TelemetrySettings(
+            interval_s=t.number("interval_s", 30.0, minimum=0.1),
+            max_messages=t.integer("max_messages", 10_000, minimum=1),
+        )
+    t.done()
     config = AgentConfig(
         device_id=fields.string("device_id", defaults.device_id),
         profile=fields.string("profile", None),
@@ -191,6 +264,9 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         breaker=breaker,
         face_detector=face_detector,
         ota=ota,
+        state_dir=state_dir,
+        mqtt=mqtt,
+        telemetry=telemetry,
         source=path,
     )
     fields.done()

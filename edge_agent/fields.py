@@ -137,16 +137,35 @@ class Fields:
         expected = "a string" if choices is None else "one of " + ", ".join(map(repr, choices))
         return self.get(key, check, expected, default)
 
-    def integer(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
+    def integer(
+        self,
+        key: str,
+        default: Any = _MISSING,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> Any:
         def check(value: Any) -> int:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError
-            if minimum is not None and value < minimum:
-                raise ValueError
-            return value
+            return int(self._bounded(value, minimum, maximum))
 
-        expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
-        return self.get(key, check, expected, default)
+        return self.get(key, check, "an integer" + self._bounds(minimum, maximum), default)
+
+    @staticmethod
+    def _bounded(value: float, minimum: float | None, maximum: float | None) -> float:
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise ValueError
+        return value
+
+    @staticmethod
+    def _bounds(minimum: float | None, maximum: float | None) -> str:
+        bounds = []
+        if minimum is not None:
+            bounds.append(f">= {minimum}")
+        if maximum is not None:
+            bounds.append(f"<= {maximum}")
+        return " " + " and ".join(bounds) if bounds else ""
 
     def number(
         self,
@@ -159,19 +178,9 @@ class Fields:
         def check(value: Any) -> float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError
-            if minimum is not None and value < minimum:
-                raise ValueError
-            if maximum is not None and value > maximum:
-                raise ValueError
-            return float(value)
+            return float(self._bounded(value, minimum, maximum))
 
-        bounds = []
-        if minimum is not None:
-            bounds.append(f">= {minimum}")
-        if maximum is not None:
-            bounds.append(f"<= {maximum}")
-        expected = "a number" + (" " + " and ".join(bounds) if bounds else "")
-        return self.get(key, check, expected, default)
+        return self.get(key, check, "a number" + self._bounds(minimum, maximum), default)
 
     def boolean(self, key: str, default: Any = _MISSING) -> Any:
         def check(value: Any) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.agent import DEFAULT_POLICY, Agent
-from edge_agent.bench.report import machine_info, render_table
+from edge_agent.bench.report import free_port, machine_info, render_table
 from edge_agent.offload import ExitGuard, OffloadClient, make_transport
 from edge_agent.offload.breaker import CircuitBreaker
 from edge_agent.package import ModelRepository
@@ -43,21 +42,21 @@ from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 
-__all__ = ["free_port", "gateway_process", "run_hybrid"]
+__all__ = ["gateway_process", "run_hybrid"]
 
 ACCURACY_TARGET_POINTS = 0.5
 OFFLOAD_TARGET = 0.25
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
-def gateway_process(repository: Path, state_dir: Path) -> Iterator[dict[str, Any]]:
-    """``cloud-gateway serve`` in a child process; yields its ports, token and process."""
+def gateway_process(
+    repository: Path, state_dir: Path, *, extra_config: str = ""
+) -> Iterator[dict[str, Any]]:
+    """``cloud-gateway serve`` in a child process, with one device ("bench-device",
+    group "bench"); yields its ports, the device's token and the process.
+
+    ``extra_config`` is appended to the gateway's configuration file (TOML).
+    """
     base = [sys.executable, "-m", "cloud_gateway", "--state-dir", str(state_dir)]
     added = subprocess.run(
         [*base, "device", "add", "bench-device", "--group", "bench"],
@@ -66,17 +65,13 @@ def gateway_process(repository: Path, state_dir: Path) -> Iterator[dict[str, Any
         check=True,
     )
     http_port, grpc_port = free_port(), free_port()
+    config = state_dir / "gateway.toml"
+    config.write_text(
+        f'repository = "{repository}"\nstate_dir = "{state_dir}"\n'
+        f"http_port = {http_port}\ngrpc_port = {grpc_port}\n{extra_config}"
+    )
     process = subprocess.Popen(
-        [
-            *base,
-            "serve",
-            "--repository",
-            str(repository),
-            "--http-port",
-            str(http_port),
-            "--grpc-port",
-            str(grpc_port),
-        ],
+        [sys.executable, "-m", "cloud_gateway", "--config", str(config), "serve"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

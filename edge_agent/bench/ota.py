@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.bench.hybrid import free_port, machine_info, render_table
+from edge_agent.bench.report import free_port, machine_info, render_table
 
 __all__ = ["format_ota", "run_ota"]
 

@@ -6,13 +6,28 @@ import json
 import os
 import platform
 import resource
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["machine_info", "peak_rss_mb", "percentiles_ms", "render_table", "write_json"]
+__all__ = [
+    "free_port",
+    "machine_info",
+    "peak_rss_mb",
+    "percentiles_ms",
+    "render_table",
+    "write_json",
+]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server started next)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def percentiles_ms(samples_ns: Sequence[int] | np.ndarray[Any, Any]) -> dict[str, float]:

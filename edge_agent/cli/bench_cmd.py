@@ -12,7 +12,7 @@ from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 from edge_agent.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid", "ota")
+SUITES = ("runtime", "hybrid", "ota", "mqtt")
 
 
 def register(commands: Any) -> None:
@@ -37,6 +37,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--no-rss", action="store_true", help="skip the per-variant peak RSS runs")
     parser.add_argument("--deadline-ms", type=float, default=250.0, help="per request (hybrid)")
     parser.add_argument("--sizes", default="50,200", help="model sizes in MB (ota)")
+    parser.add_argument("--messages", type=int, default=5000, help="telemetry messages (mqtt)")
+    parser.add_argument("--requests", type=int, default=300, help="round trips each (mqtt)")
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -48,6 +50,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _hybrid(args)
     if args.suite == "ota":
         return _ota(args)
+    if args.suite == "mqtt":
+        return _mqtt(args)
     return _runtime(args)
 
 
@@ -70,6 +74,19 @@ def _ota(args: argparse.Namespace) -> int:
 
     report = run_ota(tuple(int(s) for s in args.sizes.split(",")))
     print(format_ota(report))
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _mqtt(args: argparse.Namespace) -> int:
+    from edge_agent.bench.mqtt import format_mqtt, run_mqtt
+
+    report = run_mqtt(
+        args.model_dir or default_model_dir(), messages=args.messages, requests=args.requests
+    )
+    print(format_mqtt(report))
     if args.json:
         write_json(args.json, report)
         print(f"wrote {args.json}")

@@ -1,0 +1,2 @@
+"""The gateway's MQTT side: the bridge (:mod:`.bridge`) and the broker's access
+files (:mod:`.broker`)."""

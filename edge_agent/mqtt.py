@@ -1,0 +1,274 @@
+"""The agent's one MQTT connection (paho-mqtt 2, callback API 2, MQTT v5).
+
+Telemetry, offload over MQTT and rollout announcements share it. It
+reconnects by itself, keeps a retained ``devices/<id>/status`` (``online``
+once connected, ``offline`` as its last will), resubscribes after each
+reconnect, and shields paho's network thread from the handlers: a payload a
+handler cannot parse is dropped and counted, never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from edge_agent.offload.base import TLSSettings
+from edge_agent.protocol.mqtt import status_topic
+
+__all__ = [
+    "MqttConnection",
+    "MqttSettings",
+    "new_client",
+    "publish_properties",
+    "user_properties",
+]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], None]  # gets a paho MQTTMessage
+
+
+@dataclass(frozen=True)
+class MqttSettings:
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str | None = None  # default: the device id
+    password: str | None = None  # default: the device's token
+    tls: TLSSettings | None = None
+    keepalive: int = 30
+
+
+def user_properties(message: Any) -> dict[str, str]:
+    """A message's MQTT v5 user properties as a dict."""
+    properties = getattr(message, "properties", None)
+    pairs = getattr(properties, "UserProperty", None) or []
+    return {str(k): str(v) for k, v in pairs}
+
+
+def new_client(
+    client_id: str, username: str | None, password: str | None, tls: TLSSettings | None
+) -> Any:
+    """A paho client (callback API 2, MQTT v5) with its credentials, reconnecting by itself."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    if username or password:
+        client.username_pw_set(username, password)
+    if tls is not None:
+        client.tls_set(
+            ca_certs=str(tls.ca) if tls.ca else None,
+            certfile=str(tls.cert) if tls.cert else None,
+            keyfile=str(tls.key) if tls.key else None,
+            cert_reqs=ssl.CERT_REQUIRED,
+        )
+    client.reconnect_delay_set(min_delay=1, max_delay=4)
+    return client
+
+
+def no_delay(client: Any) -> None:
+    """Send small packets at once (TCP_NODELAY): a request or an answer is one small
+    packet, and Nagle's algorithm against a delayed ACK would hold each ~40 ms."""
+    sock = client.socket()
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def publish_properties(
+    *,
+    response_topic: str | None = None,
+    correlation: bytes | None = None,
+    user: dict[str, str] | None = None,
+    expiry_s: int | None = None,
+) -> Any:
+    """The MQTT v5 properties of a PUBLISH (``None`` when there are none)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    if not (response_topic or correlation or user or expiry_s):
+        return None
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    if response_topic:
+        props.ResponseTopic = response_topic
+    if correlation:
+        props.CorrelationData = correlation
+    if user:
+        props.UserProperty = list(user.items())
+    if expiry_s:
+        props.MessageExpiryInterval = expiry_s
+    return props
+
+
+class MqttConnection:
+    def __init__(
+        self, settings: MqttSettings, *, device_id: str, client_id: str | None = None
+    ) -> None:
+        import paho.mqtt.client as mqtt
+
+        self.settings = settings
+        self.device_id = device_id
+        self._mqtt = mqtt
+        self._client = new_client(
+            client_id or f"agent-{device_id}",
+            settings.username or device_id,
+            settings.password,
+            settings.tls,
+        )
+        self._client.will_set(status_topic(device_id), self._status("offline"), qos=1, retain=True)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+        self._client.on_publish = self._on_publish
+        self._handlers: dict[str, Handler] = {}
+        self._published: list[Callable[[int, bool], None]] = []
+        self._connected = threading.Event()
+        self._listeners: list[Callable[[bool], None]] = []
+        self.dropped: Counter[str] = Counter()
+        self._started = False
+        self._closing = False
+
+    @staticmethod
+    def _status(state: str) -> str:
+        return json.dumps({"state": state, "time": time.time()})
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect in the background (and keep reconnecting)."""
+        if self._started:
+            return
+        self._started = True
+        self._closing = False
+        self._client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive)
+        self._client.loop_start()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def is_connected(self) -> bool:
+        return self._connected.is_set()
+
+    def close(self) -> None:
+        """Say ``offline`` (a clean stop sends no last will) and disconnect."""
+        if not self._started:
+            return
+        self._closing = True
+        if self.connected:
+            info = self._client.publish(
+                status_topic(self.device_id), self._status("offline"), qos=1, retain=True
+            )
+            info.wait_for_publish(timeout=2)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._started = False
+
+    def on_connection(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(connected)`` on every connect and disconnect."""
+        self._listeners.append(listener)
+
+    def on_published(self, listener: Callable[[int, bool], None]) -> None:
+        """Call ``listener(mid, accepted)`` when the broker acknowledges a QoS 1 publish."""
+        self._published.append(listener)
+
+    def forget(self, listener: Callable[..., None]) -> None:
+        """Stop calling ``listener`` (given to :meth:`on_connection` or :meth:`on_published`)."""
+        for listeners in (self._listeners, self._published):
+            if listener in listeners:
+                listeners.remove(listener)
+
+    @staticmethod
+    def _tell(listeners: list[Callable[..., None]], *args: Any) -> None:
+        for listener in list(listeners):
+            try:
+                listener(*args)
+            except Exception:  # paho's network thread must go on
+                log.exception("an MQTT connection listener failed")
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, handler: Handler, qos: int = 1) -> None:
+        self._handlers[topic] = handler
+        if self.connected:
+            self._client.subscribe(topic, qos=qos)
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        response_topic: str | None = None,
+        correlation: bytes | None = None,
+        properties: dict[str, str] | None = None,
+        expiry_s: int | None = None,
+    ) -> Any:
+        """Publish; returns paho's ``MQTTMessageInfo`` (its ``mid`` is acknowledged later)."""
+        props = publish_properties(
+            response_topic=response_topic,
+            correlation=correlation,
+            user=properties,
+            expiry_s=expiry_s,
+        )
+        return self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
+
+    # -- paho's callbacks (its network thread) ------------------------------------------------
+
+    def _on_connect(
+        self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any
+    ) -> None:
+        if reason.is_failure:
+            log.warning(
+                "MQTT broker %s:%d refused the connection: %s",
+                self.settings.host,
+                self.settings.port,
+                reason,
+            )
+            return
+        no_delay(client)
+        client.publish(status_topic(self.device_id), self._status("online"), qos=1, retain=True)
+        for topic in self._handlers:
+            client.subscribe(topic, qos=1)
+        self._connected.set()
+        log.info("connected to MQTT broker %s:%d", self.settings.host, self.settings.port)
+        self._tell(self._listeners, True)
+
+    def _on_disconnect(
+        self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any
+    ) -> None:
+        was = self._connected.is_set()
+        self._connected.clear()
+        if was and not self._closing:
+            log.warning("disconnected from the MQTT broker (%s); reconnecting", reason)
+            self._tell(self._listeners, False)
+
+    def _on_publish(
+        self, client: Any, userdata: Any, mid: int, reason: Any, properties: Any
+    ) -> None:
+        accepted = not reason.is_failure
+        self._tell(self._published, mid, accepted)
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        for topic, handler in self._handlers.items():
+            if self._mqtt.topic_matches_sub(topic, message.topic):
+                try:
+                    handler(message)
+                except Exception as exc:  # a payload its handler cannot take: dropped, counted
+                    self.dropped[topic] += 1
+                    log.warning("dropped a message on %s: %s", message.topic, exc)
+                return
+        self.dropped["unexpected"] += 1

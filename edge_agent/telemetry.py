@@ -1,0 +1,303 @@
+"""Telemetry with store-and-forward: nothing is lost across broker or agent restarts.
+
+Every message first goes into a SQLite queue on disk (bounded: when full, the
+oldest are dropped and counted, and the count travels with the next status).
+A sender thread hands them to the MQTT connection in order, at QoS 1, while it
+is connected; a message leaves the queue only when the broker acknowledges
+it. So while the broker is unreachable messages wait on disk, and after a
+reconnect (or an agent restart) they go out in order before newer ones.
+
+Topics: ``devices/<id>/telemetry/<kind>`` with kinds ``status`` (profile,
+model versions, temperatures, power mode, queue), ``decisions``,
+``latency`` and ``ota``. Every message carries the device's sequence number
+(persisted), so a consumer can tell duplicates (at-least-once delivery) and
+gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_agent.mqtt import MqttConnection
+from edge_agent.protocol.mqtt import telemetry_topic
+
+if TYPE_CHECKING:
+    from edge_agent.agent import Agent
+
+__all__ = ["Telemetry", "TelemetryQueue", "agent_reports"]
+
+log = logging.getLogger(__name__)
+
+
+class TelemetryQueue:
+    """A bounded FIFO of messages in SQLite (thread-safe)."""
+
+    def __init__(self, path: Path, *, max_messages: int = 10_000) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.max_messages = max_messages
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS messages (
+                id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,
+                payload BLOB NOT NULL);
+            CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+            """
+        )
+
+    def _counter(self, name: str) -> int:
+        row = self._db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _add(self, name: str, amount: int) -> int:
+        value = self._counter(name) + amount
+        self._db.execute(
+            "INSERT INTO counters VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET value=excluded.value",
+            (name, value),
+        )
+        return value
+
+    def put(self, topic: str, build: Callable[[int], bytes]) -> int:
+        """Queue a message; ``build(seq)`` makes its payload with the next sequence number."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                seq = self._add("seq", 1)
+                cursor = self._db.execute(
+                    "INSERT INTO messages (topic, payload) VALUES (?, ?)",
+                    (topic, build(seq)),
+                )
+                excess = self._size() - self.max_messages
+                if excess > 0:
+                    self._db.execute(
+                        "DELETE FROM messages WHERE id IN "
+                        "(SELECT id FROM messages ORDER BY id LIMIT ?)",
+                        (excess,),
+                    )
+                    self._add("dropped", excess)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return int(cursor.lastrowid or 0)
+
+    def _size(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+
+    def head(self, limit: int, after: int = 0) -> list[tuple[int, str, bytes]]:
+        """The oldest messages with an id above ``after``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, topic, payload FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        return [(int(i), str(t), bytes(p)) for i, t, p in rows]
+
+    def remove(self, message_id: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return self._size()
+
+    @property
+    def dropped(self) -> int:
+        with self._lock:
+            return self._counter("dropped")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
+    """The periodic telemetry of an agent, by kind: status, decisions, latency."""
+    state = agent.device_state()
+    decisions = [
+        {"action": action, "reason": reason, "count": count}
+        for (action, reason), count in sorted(agent.counter.snapshot().items())
+    ]
+    return {
+        "status": {
+            "profile": agent.profile.id,
+            "power_mode": agent.power_mode,
+            "models": agent.loaded(),
+            "temperatures": dict(state.temperatures),
+            "throttled": state.throttled,
+            "critical": state.critical,
+            "cpu_load": state.cpu_load,
+        },
+        "decisions": {
+            "decisions": decisions,
+            "degraded": agent.degraded,
+            "cached_answers": agent.cached_answers,
+        },
+        "latency": {"by_answerer": agent.latency.summary()},
+    }
+
+
+class Telemetry:
+    """Queues telemetry and forwards it over an :class:`MqttConnection`.
+
+    ``periodic()`` returns the messages to send every ``interval_s`` (by kind;
+    :func:`agent_reports` for an agent); :meth:`emit` queues one at any time
+    (OTA events).
+    """
+
+    def __init__(
+        self,
+        connection: MqttConnection,
+        queue: TelemetryQueue,
+        *,
+        periodic: Callable[[], dict[str, dict[str, Any]]] = dict,
+        interval_s: float = 30.0,
+        window: int = 32,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.connection = connection
+        self.queue = queue
+        self.periodic = periodic
+        self.interval_s = interval_s
+        self.window = window
+        self._clock = clock
+        self._inflight: dict[int, int] = {}  # paho mid -> queue id
+        self._handed = 0  # the newest queue id handed to the connection
+        self._resuming = False
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.sent = 0
+        self.refused = 0
+        connection.on_published(self._acknowledged)
+        connection.on_connection(self._connection_changed)
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        """Queue one message on ``devices/<id>/telemetry/<kind>``."""
+        device = self.connection.device_id
+
+        def build(seq: int) -> bytes:
+            return json.dumps(
+                {"device": device, "seq": seq, "time": self._clock(), "kind": kind, **data},
+                default=str,
+            ).encode()
+
+        self.queue.put(telemetry_topic(device, kind), build)
+        self._wake.set()
+
+    def emit_periodic(self) -> None:
+        for kind, data in self.periodic().items():
+            if kind == "status":
+                data = {
+                    **data,
+                    "queue": {"waiting": self.queue.size, "dropped": self.queue.dropped},
+                }
+            self.emit(kind, data)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _connection_changed(self, connected: bool) -> None:
+        if not connected:
+            with self._lock:
+                # paho keeps what it was handed and sends it again after the reconnect
+                # (acknowledged under the same mid); newer messages wait for those, so
+                # that the order holds
+                self._resuming = True
+        self._wake.set()
+
+    def _acknowledged(self, mid: int, accepted: bool) -> None:
+        with self._lock:
+            message_id = self._inflight.pop(mid, None)
+        if message_id is None:
+            return
+        if accepted:
+            self.sent += 1
+        else:  # the broker refused it (its ACL): keeping it would block the queue forever
+            self.refused += 1
+            log.error("the broker refused telemetry message %d; dropped", message_id)
+        self.queue.remove(message_id)
+        self._wake.set()
+
+    def flush_once(self) -> int:
+        """Hand the next messages to the connection (in order, up to the window)."""
+        if not self.connection.connected:
+            return 0
+        with self._lock:
+            if self._resuming:
+                if self._inflight:
+                    return 0  # the resent ones first
+                self._resuming = False
+            room = self.window - len(self._inflight)
+            after = self._handed
+        if room <= 0:
+            return 0
+        handed = 0
+        for message_id, topic, payload in self.queue.head(room, after):
+            info = self.connection.publish(topic, payload, qos=1)
+            with self._lock:
+                # even when the connection just dropped, paho has queued it (QoS 1)
+                self._inflight[info.mid] = message_id
+                self._handed = message_id
+            handed += 1
+            if info.rc != 0:
+                break
+        return handed
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            try:
+                while self.flush_once():
+                    pass
+            except Exception:
+                log.exception("telemetry sender")
+
+    def _periodic_loop(self) -> None:
+        while True:
+            try:
+                self.emit_periodic()
+            except Exception:
+                log.exception("periodic telemetry")
+            if self._stop.wait(self.interval_s):
+                return
+
+    def start(self) -> None:
+        for target in (self._send_loop, self._periodic_loop):
+            thread = threading.Thread(
+                target=target, name=f"telemetry-{target.__name__}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until the queue is empty (everything acknowledged) or ``timeout`` passes."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.queue.size == 0:
+                return True
+            self._wake.set()
+            time.sleep(0.02)
+        return self.queue.size == 0
+
+    def stop(self) -> None:
+        self.connection.forget(self._acknowledged)
+        self.connection.forget(self._connection_changed)
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=5)

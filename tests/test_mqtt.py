@@ -1,0 +1,781 @@
+"""MQTT against a real Mosquitto: telemetry with store-and-forward, offload over MQTT v5,
+rollout announcements, per-device topic isolation, garbage on every topic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from cloud_gateway import GatewayConfig, GatewayThread
+from cloud_gateway.auth import DeviceRegistry
+from cloud_gateway.config import MqttBridgeConfig
+from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
+from edge_agent.bench.mosquitto import Mosquitto
+from edge_agent.errors import OffloadRejected, OffloadTimeout, ProtocolError
+from edge_agent.fleet import FleetLink
+from edge_agent.mqtt import MqttConnection, MqttSettings, publish_properties
+from edge_agent.offload import make_transport
+from edge_agent.offload.mqtt import MqttTransport
+from edge_agent.protocol.mqtt import (
+    decode_request,
+    decode_response,
+    encode_error,
+    encode_request,
+    encode_response,
+    request_topic,
+)
+from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_agent.telemetry import Telemetry, TelemetryQueue
+
+from .conftest import MODELS, ROOT
+
+GATEWAY_USER = "_gateway"
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or condition}")
+
+
+class Client:
+    """A bare paho client that records what happens to it (an independent observer)."""
+
+    def __init__(
+        self,
+        port: int,
+        username: str | None = None,
+        password: str | None = None,
+        *,
+        client_id: str | None = None,
+        persistent: bool = False,
+    ) -> None:
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id or f"observer-{uuid.uuid4().hex[:8]}",
+            protocol=mqtt.MQTTv5,
+        )
+        if username:
+            self.client.username_pw_set(username, password)
+        self.messages: list[Any] = []
+        self.acks: dict[int, Any] = {}
+        self.connack: Any = None
+        self.lock = threading.Lock()
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.client.on_publish = lambda c, u, mid, reason, p: self.acks.__setitem__(mid, reason)
+        self.client.on_subscribe = lambda c, u, mid, reasons, p: self.acks.__setitem__(mid, reasons)
+        self.client.reconnect_delay_set(0.1, 0.5)
+        properties = None
+        if persistent:  # a session the broker keeps (and queues for) while we are away
+            properties = mqtt.Properties(mqtt.PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = 3600
+        self.client.connect("127.0.0.1", port, clean_start=not persistent, properties=properties)
+        self.client.loop_start()
+        wait_for(lambda: self.connack is not None, what="CONNACK")
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        self.connack = reason
+
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        with self.lock:
+            self.messages.append(message)
+
+    def subscribe(self, topic: str) -> Any:
+        _, mid = self.client.subscribe(topic, qos=1)
+        wait_for(lambda: mid in self.acks, what=f"SUBACK for {topic}")
+        return self.acks[mid][0]
+
+    def publish(self, topic: str, payload: bytes, **properties: Any) -> Any:
+        info = self.client.publish(
+            topic, payload, qos=1, properties=publish_properties(**properties)
+        )
+        wait_for(lambda: info.mid in self.acks, what=f"PUBACK for {topic}")
+        return self.acks[info.mid]
+
+    def received(self, topic: str | None = None) -> list[Any]:
+        with self.lock:
+            return [
+                m for m in self.messages if topic is None or mqtt.topic_matches_sub(topic, m.topic)
+            ]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def seqs(messages: list[Any]) -> list[int]:
+    return [json.loads(m.payload)["seq"] for m in messages]
+
+
+def once(messages: list[Any]) -> list[Any]:
+    """The first delivery of each message, checking that every repeat is a redelivery.
+
+    QoS 1 is at-least-once between the broker and a subscriber: Mosquitto 2.0.11
+    sends a persistent subscriber some messages it had acknowledged again after a
+    restart (flagged DUP). The device's sequence number tells them apart.
+    """
+    seen: set[int] = set()
+    first = []
+    for message in messages:
+        seq = json.loads(message.payload)["seq"]
+        if seq in seen:
+            assert message.dup, f"message {seq} arrived twice and not as a redelivery"
+            continue
+        assert not message.dup or not first or seq > seqs(first)[-1]
+        seen.add(seq)
+        first.append(message)
+    return first
+
+
+# -- the wire form --------------------------------------------------------------------------
+
+
+def test_requests_and_responses_round_trip_in_the_binary_form() -> None:
+    x = np.arange(128, dtype=np.float32).reshape(2, 64)
+    request = InferRequest(
+        inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="digits-light",
+        model_version="1", id="r1",
+    )  # fmt: skip
+    message = encode_request(request, token="cam-01.secret")
+    assert message.properties["authorization"] == "Bearer cam-01.secret"
+    assert x.tobytes() in message.payload  # binary, not JSON numbers
+    back = decode_request(request_topic("digits-light"), message.payload, message.properties)
+    assert back.model_name == "digits-light" and back.model_version == "1"
+    assert np.array_equal(back.inputs["pixels"], x)
+    response = InferResponse(
+        model_name="digits-light", model_version="1", outputs={"p": x[:, :10]}, id="r1"
+    )
+    encoded = encode_response(response, request)
+    status, decoded = decode_response(encoded.payload, encoded.properties)
+    assert status == 200 and isinstance(decoded, InferResponse)
+    assert np.array_equal(decoded.outputs["p"], x[:, :10])
+    error = encode_error(404, "unknown model 'nope'")
+    assert decode_response(error.payload, error.properties) == (404, "unknown model 'nope'")
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "properties", "match"),
+    [
+        ("offload/m/infer", b"\xff\x00", {}, "JSON"),
+        ("offload/m/extra/infer", b"{}", {}, "not a request topic"),
+        ("offload/m/infer", b"{}", {"inference-header-content-length": "-3"}, "non-negative"),
+        ("offload/m/infer", b'{"inputs": 5}', {}, "inputs"),
+    ],
+)
+def test_malformed_requests_are_protocol_errors(
+    topic: str, payload: bytes, properties: dict[str, str], match: str
+) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_request(topic, payload, properties)
+
+
+def test_model_names_that_cannot_be_topics_are_refused() -> None:
+    for name in ("a/b", "+", "#", ""):
+        with pytest.raises(ProtocolError):
+            request_topic(name)
+
+
+# -- telemetry: store and forward -----------------------------------------------------------
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
+    queue = TelemetryQueue(tmp_path / "q.sqlite", max_messages=10)
+    for index in range(25):
+        queue.put("devices/cam-01/telemetry/x", lambda seq, i=index: json.dumps([seq, i]).encode())
+    assert queue.size == 10 and queue.dropped == 15
+    assert [json.loads(p)[1] for _, _, p in queue.head(100)] == list(range(15, 25))
+    queue.close()
+    again = TelemetryQueue(tmp_path / "q.sqlite", max_messages=10)  # counts survive a restart
+    assert again.dropped == 15 and again.size == 10
+    again.put("t", lambda seq: str(seq).encode())
+    assert json.loads(again.head(100)[-1][2]) == 26  # the sequence goes on
+    # the count travels with the next status message
+    connection = MqttConnection(MqttSettings(port=1), device_id="cam-01")
+    telemetry = Telemetry(connection, again, periodic=lambda: {"status": {"profile": "p"}})
+    telemetry.emit_periodic()
+    status = json.loads(again.head(100)[-1][2])
+    assert status["queue"] == {"waiting": 10, "dropped": 16} and status["profile"] == "p"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    with Mosquitto(tmp_path / "broker") as running:
+        yield running
+
+
+def device_telemetry(port: int, queue: Path, **kwargs: Any) -> Telemetry:
+    connection = MqttConnection(MqttSettings(port=port), device_id="cam-01")
+    telemetry = Telemetry(connection, TelemetryQueue(queue), interval_s=3600, **kwargs)
+    connection.start()
+    telemetry.start()
+    return telemetry
+
+
+def stop_device(telemetry: Telemetry) -> None:
+    telemetry.stop()
+    telemetry.connection.close()
+    telemetry.queue.close()
+
+
+def test_telemetry_arrives_in_order_across_a_broker_outage(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    observer = Client(broker.port, client_id="observer", persistent=True)
+    observer.subscribe("devices/+/telemetry/#")
+    telemetry = device_telemetry(broker.port, tmp_path / "q.sqlite")
+    try:
+        assert telemetry.connection.wait_connected(10)
+        for index in range(20):
+            telemetry.emit("decisions", {"index": index})
+        wait_for(lambda: len(observer.received()) == 20, what="the first 20")
+        assert telemetry.drain(10)
+        broker.stop()
+        wait_for(lambda: not telemetry.connection.connected, what="the agent to notice")
+        for index in range(20, 60):  # the agent goes on publishing: into its queue
+            telemetry.emit("decisions", {"index": index})
+        time.sleep(0.5)
+        assert telemetry.queue.size == 40
+        broker.start()
+        assert telemetry.drain(20), "the queue did not empty after the broker came back"
+        wait_for(lambda: len(once(observer.received())) == 60, what="all 60")
+        time.sleep(0.3)  # nothing more arrives
+        messages = once(observer.received())
+        assert seqs(messages) == list(range(1, 61))
+        assert [json.loads(m.payload)["index"] for m in messages] == list(range(60))
+        assert all(m.topic == "devices/cam-01/telemetry/decisions" for m in messages)
+    finally:
+        stop_device(telemetry)
+        observer.close()
+
+
+def test_an_agent_killed_during_an_outage_loses_nothing(broker: Mosquitto, tmp_path: Path) -> None:
+    observer = Client(broker.port, client_id="observer", persistent=True)
+    observer.subscribe("devices/cam-01/telemetry/#")
+    broker.stop()
+    queue = tmp_path / "q.sqlite"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "tests.mqtt_agent", str(broker.port), str(queue), "30"],
+        cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().strip() == b"queued"
+    finally:
+        agent.send_signal(signal.SIGKILL)
+        agent.wait()
+    broker.start()
+    telemetry = device_telemetry(broker.port, queue)  # the agent, restarted
+    try:
+        for index in range(30, 35):
+            telemetry.emit("decisions", {"index": index})
+        assert telemetry.drain(20)
+        wait_for(lambda: len(once(observer.received())) >= 35, what="35 messages")
+        time.sleep(0.3)
+        messages = once(observer.received())
+        assert [json.loads(m.payload)["index"] for m in messages] == list(range(35))
+        assert seqs(messages) == list(range(1, 36))
+    finally:
+        stop_device(telemetry)
+        observer.close()
+
+
+def test_status_is_retained_online_and_the_last_will_says_offline(broker: Mosquitto) -> None:
+    connection = MqttConnection(MqttSettings(port=broker.port), device_id="cam-01")
+    connection.start()
+    assert connection.wait_connected(10)
+    late = Client(broker.port)
+    late.subscribe("devices/cam-01/status")
+    wait_for(lambda: late.received(), what="the retained status")
+    assert json.loads(late.received()[-1].payload)["state"] == "online"
+    connection._client._sock.close()  # the link dies without a DISCONNECT: the will is sent
+    wait_for(lambda: json.loads(late.received()[-1].payload)["state"] == "offline", what="the will")
+    connection.close()
+    late.close()
+
+
+# -- a fleet: registry, broker with the generated ACL, gateway with its MQTT bridge ---------
+
+
+@dataclass
+class Fleet:
+    root: Path
+    registry: DeviceRegistry
+    broker: Mosquitto
+    tokens: dict[str, str]
+    gateway_password: str
+    config: GatewayConfig
+    gateways: list[GatewayThread] = field(default_factory=list)
+
+    def start_gateway(self) -> GatewayThread:
+        thread = GatewayThread(self.config)
+        self.gateways.append(thread)
+        wait_for(lambda: thread.gateway.mqtt.connected.is_set(), what="the bridge to connect")
+        return thread
+
+    def connection(self, device: str, password: str | None = None) -> MqttConnection:
+        settings = MqttSettings(
+            port=self.broker.port, username=device, password=password or self.tokens[device]
+        )
+        return MqttConnection(settings, device_id=device)
+
+    def client(self, user: str, **kwargs: Any) -> Client:
+        password = self.gateway_password if user == GATEWAY_USER else self.tokens[user]
+        return Client(self.broker.port, user, password, **kwargs)
+
+    def write_acl(self) -> None:
+        write_broker_files(
+            self.registry, self.root, gateway_user=GATEWAY_USER,
+            gateway_password=self.gateway_password,
+        )  # fmt: skip
+
+
+def light_repository(tmp: Path) -> Path:
+    import shutil
+
+    repository = tmp / "models"
+    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
+    return repository
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    state = root / "state"
+    registry = DeviceRegistry(state / "devices.json")
+    tokens = {"cam-01": registry.add("cam-01", "g1"), "cam-02": registry.add("cam-02", "g2")}
+    password = ensure_gateway_password(state / "mqtt-gateway.password")
+    write_broker_files(registry, root, gateway_user=GATEWAY_USER, gateway_password=password)
+    broker = Mosquitto(root / "broker", passwd=root / "passwd", acl=root / "acl")
+    broker.start()
+    config = GatewayConfig(
+        repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
+        poll_interval_s=0.0, mqtt=MqttBridgeConfig(port=broker.port),
+    )  # fmt: skip
+    fleet = Fleet(root, registry, broker, tokens, password, config)
+    fleet.start_gateway()
+    yield fleet
+    for gateway in fleet.gateways:
+        gateway.stop()
+    broker.stop()
+
+
+def digits(rows: int = 3) -> np.ndarray:
+    from edge_agent.package import ModelRepository
+
+    return ModelRepository(MODELS).get("digits-light").evaluation()[0][:rows].astype(np.float32)
+
+
+def light_request(x: np.ndarray) -> InferRequest:
+    return InferRequest(
+        inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="digits-light", id="r1"
+    )
+
+
+def sample(thread: GatewayThread, name: str, **labels: str) -> float:
+    value = thread.gateway.metrics.registry.get_sample_value(name, labels)
+    return float(value or 0.0)
+
+
+def test_offload_over_mqtt_answers_as_grpc_does(fleet: Fleet) -> None:
+    gateway = fleet.gateways[0]
+    connection = fleet.connection("cam-01")
+    transport = MqttTransport(connection, token=fleet.tokens["cam-01"])
+    connection.start()
+    grpc = make_transport("grpc", gateway.grpc_url, token=fleet.tokens["cam-01"])
+    try:
+        assert connection.wait_connected(10)
+        x = digits()
+        over_mqtt = transport.infer(light_request(x), timeout=10, request_id="abc")
+        over_grpc = grpc.infer(light_request(x), timeout=10)
+        assert over_mqtt.model_name == "digits-light" and over_mqtt.id == "r1"
+        assert set(over_mqtt.outputs) == set(over_grpc.outputs)
+        for name, array in over_grpc.outputs.items():
+            assert np.array_equal(over_mqtt.outputs[name], array)
+        unknown = InferRequest(
+            inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="nope"
+        )
+        with pytest.raises(OffloadRejected, match="unknown model 'nope'") as info:
+            transport.infer(unknown, timeout=10)
+        assert info.value.status == "404"
+        wrong = light_request(np.zeros((1, 3), np.float32))
+        with pytest.raises(OffloadRejected, match="shape"):
+            transport.infer(wrong, timeout=10)
+        forged = MqttTransport(connection, token="cam-01.forged")
+        with pytest.raises(OffloadRejected, match="invalid token"):
+            forged.infer(light_request(x), timeout=10)
+        assert sample(gateway, "gateway_requests_total", model="digits-light", protocol="mqtt",
+                      status="ok") >= 1  # fmt: skip
+    finally:
+        connection.close()
+        grpc.close()
+
+
+def test_two_gateway_replicas_share_the_requests(fleet: Fleet) -> None:
+    first = fleet.gateways[0]
+    second = fleet.start_gateway()
+    connection = fleet.connection("cam-01")
+    transport = MqttTransport(connection, token=fleet.tokens["cam-01"])
+    connection.start()
+    try:
+        assert connection.wait_connected(10)
+
+        def served(thread: GatewayThread) -> float:
+            return sample(
+                thread, "gateway_requests_total", model="digits-light", protocol="mqtt", status="ok"
+            )
+
+        before = served(first), served(second)
+        x = digits(1)
+        for _ in range(40):
+            transport.infer(light_request(x), timeout=10)
+        took = served(first) - before[0], served(second) - before[1]
+        assert sum(took) == 40
+        assert min(took) >= 5, took  # both replicas took part
+    finally:
+        connection.close()
+        second.stop()
+        fleet.gateways.remove(second)
+
+
+def test_with_no_gateway_the_agent_falls_back_within_the_deadline(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    from edge_agent.assemble import create_agent, create_connection
+    from edge_agent.config import load_agent_config
+
+    token = tmp_path / "device.token"
+    token.write_text("cam-01.token\n")
+    token.chmod(0o600)
+    config_file = tmp_path / "agent.toml"
+    config_file.write_text(
+        f"""device_id = "cam-01"
+profile = "generic-x86_64"
+model_dir = "{MODELS}"
+state_dir = "{tmp_path / "state"}"
+[gateway]
+protocol = "mqtt"
+token_file = "device.token"
+retries = 0
+[mqtt]
+port = {broker.port}
+[telemetry]
+enabled = false
+[privacy]
+face_detector = false
+"""
+    )
+    config = load_agent_config(config_file)
+    connection = create_connection(config)
+    agent = create_agent(config, connection=connection)
+    connection.start()
+    try:
+        assert connection.wait_connected(10)
+        x = digits(1)
+        for _ in range(3):
+            started = time.monotonic()
+            result = agent.infer("digits-heavy", {"pixels": x}, deadline_ms=300)  # cloud only
+            elapsed = time.monotonic() - started
+            assert result.degraded and result.model == "digits-light"  # the local stand-in
+            assert elapsed < 0.35, elapsed
+            assert "no answer over MQTT" in (result.error or "") or "breaker" in (
+                result.error or ""
+            )
+    finally:
+        agent.close()
+        connection.close()
+
+
+def test_a_lost_broker_is_unavailable_at_once(broker: Mosquitto) -> None:
+    connection = MqttConnection(MqttSettings(port=broker.port), device_id="cam-01")
+    transport = MqttTransport(connection)
+    connection.start()
+    assert connection.wait_connected(10)
+    broker.stop()
+    wait_for(lambda: not connection.connected, what="the disconnect")
+    from edge_agent.errors import OffloadUnavailable
+
+    started = time.monotonic()
+    with pytest.raises(OffloadUnavailable, match="not connected"):
+        transport.infer(light_request(digits(1)), timeout=5)
+    assert time.monotonic() - started < 0.1
+    broker.start()
+    assert connection.wait_connected(10)
+    with pytest.raises(OffloadTimeout):  # connected, but nobody answers
+        transport.infer(light_request(digits(1)), timeout=0.3)
+    connection.close()
+
+
+# -- isolation ------------------------------------------------------------------------------
+
+
+def test_the_generated_acl_keeps_devices_to_their_own_topics(fleet: Fleet) -> None:
+    intruder = fleet.client("cam-01")
+    victim = fleet.client("cam-02")
+    cloud = fleet.client(GATEWAY_USER)
+    try:
+        for topic in ("devices/cam-02/telemetry/#", "devices/cam-02/responses", "fleet/g2/models"):
+            intruder.subscribe(topic)  # Mosquitto checks reads on delivery (see broker.py)
+        victim.subscribe("devices/cam-02/responses")
+        victim.subscribe("fleet/g2/models")
+        cloud.subscribe("devices/+/telemetry/#")
+        # what is cam-02's reaches cam-02 and the cloud, never cam-01
+        assert not victim.publish("devices/cam-02/telemetry/status", b"{}").is_failure
+        assert not cloud.publish("devices/cam-02/responses", b"{}").is_failure
+        assert not cloud.publish("fleet/g2/models", b"{}").is_failure
+        wait_for(lambda: len(victim.received()) == 2, what="cam-02's own messages")
+        wait_for(lambda: cloud.received("devices/cam-02/telemetry/#"), what="the telemetry")
+        time.sleep(0.3)
+        assert intruder.received() == []
+        # and cam-01 may not publish on cam-02's topics, or announce: PUBACK 0x87
+        for topic in (
+            "devices/cam-02/telemetry/status",
+            "devices/cam-02/status",
+            "devices/cam-02/responses",
+            "fleet/g1/models",
+        ):
+            reason = intruder.publish(topic, b"forged")
+            assert reason.value == 0x87, (topic, reason)
+        time.sleep(0.3)
+        assert all(m.payload != b"forged" for m in victim.received() + cloud.received())
+        # its own topics are fine
+        assert not intruder.publish("devices/cam-01/telemetry/status", b"{}").is_failure
+    finally:
+        for client in (intruder, victim, cloud):
+            client.close()
+
+
+def test_wrong_passwords_and_revoked_devices_are_refused(fleet: Fleet) -> None:
+    wrong = Client(fleet.broker.port, "cam-01", "cam-01.wrong")
+    assert wrong.connack.is_failure and wrong.connack.value in (0x86, 0x87)
+    wrong.close()
+    nobody = Client(fleet.broker.port)
+    assert nobody.connack.is_failure  # no anonymous clients
+    nobody.close()
+    token = fleet.registry.add("cam-03", "g1")
+    fleet.write_acl()
+    fleet.broker.reload()
+    ok = Client(fleet.broker.port, "cam-03", token)
+    assert not ok.connack.is_failure
+    ok.close()
+    fleet.registry.revoke("cam-03")
+    fleet.write_acl()
+    fleet.broker.reload()
+    revoked = Client(fleet.broker.port, "cam-03", token)
+    assert revoked.connack.is_failure
+    revoked.close()
+
+
+# -- garbage --------------------------------------------------------------------------------
+
+
+class CountingUpdater:
+    def __init__(self) -> None:
+        self.wakes = 0
+        self.listeners: list[Any] = []
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+GARBAGE = [b"", b"\xff\x00\xfe", b"{", b"[]", b'{"digest": 5}', b"null", os.urandom(70_000)]
+
+
+def test_garbage_on_every_subscribed_topic_is_survived_and_counted(fleet: Fleet) -> None:
+    gateway = fleet.gateways[0]
+    connection = fleet.connection("cam-01")
+    transport = MqttTransport(connection, token=fleet.tokens["cam-01"])
+    updater = CountingUpdater()
+    FleetLink(connection, updater=updater, group="g1")
+    connection.start()
+    cloud = fleet.client(GATEWAY_USER)
+    device = fleet.client("cam-01")
+    try:
+        assert connection.wait_connected(10)
+        device.subscribe("devices/cam-01/responses")
+        # the agent's topics: announcements and responses (only the gateway may publish)
+        for payload in GARBAGE:
+            cloud.publish("fleet/g1/models", payload)
+            cloud.publish("devices/cam-01/responses", payload)  # no correlation data
+            cloud.publish("devices/cam-01/responses", payload, correlation=b"not-a-request")
+        wait_for(
+            lambda: (
+                connection.dropped["fleet/g1/models"] == len(GARBAGE)
+                and connection.dropped["devices/cam-01/responses"] == len(GARBAGE)
+            ),
+            what="the agent's drop counts",
+        )
+        wait_for(lambda: transport.unmatched == len(GARBAGE), what="unmatched responses")
+        assert updater.wakes == 0
+        # the gateway's topic: requests without a token, answer topic or correlation, and
+        # requests with a good token but a bad body (answered: 400)
+        token = {"authorization": f"Bearer {fleet.tokens['cam-01']}"}
+        mine = "devices/cam-01/responses"
+        for payload in GARBAGE:
+            device.publish("offload/digits-light/infer", payload, response_topic=mine,
+                           correlation=b"c1")  # fmt: skip
+            device.publish("offload/digits-light/infer", payload, user=token, correlation=b"c2")
+            device.publish("offload/digits-light/infer", payload, user=token,
+                           response_topic="devices/cam-02/responses", correlation=b"c3")  # fmt: skip
+            device.publish("offload/digits-light/infer", payload, user=token, response_topic=mine)
+            device.publish("offload/digits-light/infer", payload, user=token,
+                           response_topic=mine, correlation=b"c5")  # fmt: skip
+
+        def dropped(reason: str) -> float:
+            return sample(gateway, "gateway_mqtt_dropped_total", reason=reason)
+
+        wait_for(
+            lambda: (
+                dropped("unauthenticated") >= len(GARBAGE)
+                and dropped("no_response_topic") >= len(GARBAGE)
+                and dropped("foreign_response_topic") >= len(GARBAGE)
+                and dropped("no_correlation") >= len(GARBAGE)
+            ),
+            what="the gateway's drop counts",
+        )
+
+        def answered(correlation: bytes) -> list[Any]:
+            return [
+                m for m in device.received(mine)
+                if getattr(m.properties, "CorrelationData", None) == correlation
+            ]  # fmt: skip
+
+        wait_for(lambda: len(answered(b"c5")) == len(GARBAGE), what="400 answers")
+        assert all(dict(m.properties.UserProperty)["status"] == "400" for m in answered(b"c5"))
+        assert not answered(b"c1") + answered(b"c2") + answered(b"c3")
+        # both sides still work
+        response = transport.infer(light_request(digits(1)), timeout=10)
+        assert response.outputs
+        cloud.publish("fleet/g1/models", b'{"digest": "abc"}')
+        wait_for(lambda: updater.wakes == 1, what="a real announcement")
+    finally:
+        connection.close()
+        cloud.close()
+        device.close()
+
+
+# -- rollout announcements ------------------------------------------------------------------
+
+
+def test_a_rollout_announcement_starts_an_update_at_once(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from .ota_world import GROUP, LIGHT_INT8, make_world
+
+    world = make_world(tmp_path)
+    device = world.enroll("cam-07")
+    password = ensure_gateway_password(world.state / "mqtt-gateway.password")
+    registry = DeviceRegistry(world.state / "devices.json")
+    write_broker_files(registry, tmp_path, gateway_user=GATEWAY_USER, gateway_password=password)
+    broker = Mosquitto(tmp_path / "broker", passwd=tmp_path / "passwd", acl=tmp_path / "acl")
+    broker.start()
+    world.gateway.stop()
+    world.gateway = GatewayThread(
+        replace(
+            world.gateway.gateway.config,
+            mqtt=MqttBridgeConfig(port=broker.port, announce_interval_s=0.2),
+        )
+    )
+    updater = world.updater(device, interval_s=3600, jitter_s=0)  # no interval check soon
+    settings = MqttSettings(port=broker.port, password=device.enrollment.token)
+    connection = MqttConnection(settings, device_id="cam-07")
+    link = FleetLink(connection, updater=updater, group=GROUP)
+    checks: list[Any] = []
+    updater.listeners.append(checks.append)
+    worker = threading.Thread(target=updater.run, daemon=True)
+    try:
+        link.start()
+        assert connection.wait_connected(10)
+        worker.start()
+        time.sleep(0.5)  # the first check (at start) finds nothing to do
+        assert world.store(device).active("digits-light") is None
+        world.release("digits-light", 2, LIGHT_INT8)
+        wait_for(lambda: checks, timeout=20, what="the update")
+        assert world.store(device).active("digits-light").version == 2
+        assert link.announcements == 1
+        assert [outcome.status for outcome in checks] == ["installed"]
+    finally:
+        updater.stop()
+        worker.join(10)
+        link.stop()
+        world.stop()
+        broker.stop()
+
+
+# -- configuration and the broker's files ---------------------------------------------------
+
+
+def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, capsys: Any) -> None:
+    from cloud_gateway.cli import main
+
+    state = tmp_path / "state"
+    registry = DeviceRegistry(state / "devices.json")
+    registry.add("cam-01", "g1")
+    registry.add("cam-02", "g2")
+    registry.revoke("cam-02")
+    out = tmp_path / "broker"
+    assert main(["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]) == 0
+    users = [line.split(":")[0] for line in (out / "passwd").read_text().splitlines()]
+    assert users == ["_gateway", "cam-01"]  # revoked devices are left out
+    acl = (out / "acl").read_text()
+    assert "user cam-01\ntopic read fleet/g1/models\n" in acl and "cam-02" not in acl
+    for path in (out / "passwd", out / "acl", state / "mqtt-gateway.password"):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    password = (state / "mqtt-gateway.password").read_text()
+    assert main(["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]) == 0
+    assert (state / "mqtt-gateway.password").read_text() == password  # kept, not regenerated
+    assert "SIGHUP" in capsys.readouterr().out
+
+
+def write_agent_config(tmp: Path, body: str) -> Path:
+    token = tmp / "device.token"
+    token.write_text("cam-01.secret\n")
+    token.chmod(0o600)
+    path = tmp / "agent.toml"
+    path.write_text(f'device_id = "cam-01"\nstate_dir = "{tmp}/state"\n' + body)
+    return path
+
+
+def test_agent_mqtt_configuration(tmp_path: Path) -> None:
+    from edge_agent.assemble import create_connection
+    from edge_agent.config import load_agent_config
+    from edge_agent.errors import ConfigError
+
+    config = load_agent_config(
+        write_agent_config(
+            tmp_path,
+            '[gateway]\nprotocol = "mqtt"\ntoken_file = "device.token"\n'
+            '[mqtt]\nhost = "broker.local"\nport = 8883\n',
+        )
+    )
+    assert config.telemetry is not None and config.telemetry.interval_s == 30  # on by default
+    connection = create_connection(config)
+    assert connection.settings.username == "cam-01"
+    assert connection.settings.password == "cam-01.secret"  # the device's token
+    for body, match in (
+        ('[gateway]\nprotocol = "mqtt"\n', r"mqtt needs an \[mqtt\] section"),
+        ("[telemetry]\nenabled = true\n", r"telemetry needs an \[mqtt\] section"),
+        ("[mqtt]\nport = 70000\n", "port: expected an integer >= 1 and <= 65535"),
+        ('[mqtt]\npassword_file = "missing"\n', "password_file: cannot read"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            load_agent_config(write_agent_config(tmp_path, body))
+    with pytest.raises(ConfigError, match="needs a password"):
+        create_connection(load_agent_config(write_agent_config(tmp_path, "[mqtt]\n")))
