@@ -188,7 +188,7 @@ def create_agent(
                 raise ConfigError(
                     "offload over MQTT needs the device's MQTT connection", path=config.source
                 )
-            transport = MqttTransport(connection, token=token)
+            transport = MqttTransport.of(connection, token=token)
             online = connection.is_connected
         else:
             transport = make_transport(

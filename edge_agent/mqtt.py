@@ -72,6 +72,7 @@ def new_client(
             cert_reqs=ssl.CERT_REQUIRED,
         )
     client.reconnect_delay_set(min_delay=1, max_delay=4)
+    client.suppress_exceptions = True  # a failing callback is logged; the network thread lives
     return client
 
 
@@ -171,7 +172,8 @@ class MqttConnection:
             info = self._client.publish(
                 status_topic(self.device_id), self._status("offline"), qos=1, retain=True
             )
-            info.wait_for_publish(timeout=2)
+            with contextlib.suppress(RuntimeError, ValueError):  # the link went down meanwhile
+                info.wait_for_publish(timeout=2)
         self._client.disconnect()
         self._client.loop_stop()
         self._started = False
@@ -263,7 +265,7 @@ class MqttConnection:
         self._tell(self._published, mid, accepted)
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        for topic, handler in self._handlers.items():
+        for topic, handler in list(self._handlers.items()):  # subscribe() may add one meanwhile
             if self._mqtt.topic_matches_sub(topic, message.topic):
                 try:
                     handler(message)

@@ -175,6 +175,8 @@ class Telemetry:
         self.window = window
         self._clock = clock
         self._inflight: dict[int, int] = {}  # paho mid -> queue id
+        # acknowledged before flush_once recorded them: mid -> (accepted, when)
+        self._early: dict[int, tuple[bool, float]] = {}
         self._handed = 0  # the newest queue id handed to the connection
         self._resuming = False
         self._lock = threading.Lock()
@@ -222,8 +224,18 @@ class Telemetry:
     def _acknowledged(self, mid: int, accepted: bool) -> None:
         with self._lock:
             message_id = self._inflight.pop(mid, None)
-        if message_id is None:
-            return
+            if message_id is None:
+                # the acknowledgement beat flush_once's bookkeeping (paho's thread ran
+                # between publish() and the next line there): flush_once settles it
+                # (other publishes on the connection land here too: kept briefly)
+                now = time.monotonic()
+                self._early[mid] = (accepted, now)
+                if len(self._early) > 64:
+                    self._early = {m: e for m, e in self._early.items() if now - e[1] < 2.0}
+                return
+        self._settle(message_id, accepted)
+
+    def _settle(self, message_id: int, accepted: bool) -> None:
         if accepted:
             self.sent += 1
         else:  # the broker refused it (its ACL): keeping it would block the queue forever
@@ -249,9 +261,15 @@ class Telemetry:
         for message_id, topic, payload in self.queue.head(room, after):
             info = self.connection.publish(topic, payload, qos=1)
             with self._lock:
-                # even when the connection just dropped, paho has queued it (QoS 1)
-                self._inflight[info.mid] = message_id
                 self._handed = message_id
+                early = self._early.pop(info.mid, None)
+                if early is not None and time.monotonic() - early[1] > 2.0:
+                    early = None  # another publish's, long ago, under a reused mid
+                if early is None:
+                    # even when the connection just dropped, paho has queued it (QoS 1)
+                    self._inflight[info.mid] = message_id
+            if early is not None:
+                self._settle(message_id, early[0])
             handed += 1
             if info.rc != 0:
                 break

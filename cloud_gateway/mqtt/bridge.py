@@ -8,7 +8,12 @@ property), a response topic, which must be the device's own
 answered to its sender (no token, no or a foreign response topic, no
 correlation data) is dropped and counted in ``gateway_mqtt_dropped_total``;
 every other one gets an answer: the response, or an error with its status
-(a wrong or revoked token: 401, to the device the token names).
+(a wrong or revoked token is dropped too: the sender could name any device).
+
+The shared subscription's group name is derived from the gateway's broker
+password: Mosquitto's ACL checks a subscription only when it delivers, so a
+device that joined the group by name would take its share of the requests
+(and be sent nothing); it cannot guess this name.
 The data plane does the rest, as for REST and gRPC (batching, deadlines:
 the request's ``timeout`` and the message's remaining expiry).
 
@@ -37,7 +42,7 @@ from cloud_gateway.ota.service import OtaService
 from edge_agent.errors import ProtocolError
 from edge_agent.mqtt import new_client, no_delay, publish_properties, user_properties
 from edge_agent.protocol.mqtt import (
-    SHARED_REQUESTS,
+    REQUEST_FILTER,
     MqttMessage,
     announcement_topic,
     decode_request,
@@ -46,9 +51,16 @@ from edge_agent.protocol.mqtt import (
     response_topic,
 )
 
-__all__ = ["MqttBridge"]
+__all__ = ["MqttBridge", "shared_requests"]
 
 log = logging.getLogger(__name__)
+
+
+def shared_requests(password: str) -> str:
+    """The gateways' shared subscription: every replica with the same broker
+    password shares one group, whose name no device can guess."""
+    group = hashlib.sha256(b"edge-inference shared requests\x00" + password.encode()).hexdigest()
+    return f"$share/gateways-{group[:24]}/{REQUEST_FILTER}"
 
 
 class MqttBridge:
@@ -67,6 +79,7 @@ class MqttBridge:
         self._client = new_client(
             f"gateway-{uuid.uuid4().hex[:12]}", config.username, password, config.tls
         )
+        self.requests = shared_requests(password)
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -92,7 +105,7 @@ class MqttBridge:
             self._announce_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._announce_task
-        self._client.unsubscribe(SHARED_REQUESTS)
+        self._client.unsubscribe(self.requests)
         if self._tasks:  # the requests already taken are answered
             await asyncio.wait(list(self._tasks), timeout=5)
         self._client.disconnect()
@@ -109,7 +122,7 @@ class MqttBridge:
             log.error("the MQTT broker refused the gateway's connection: %s", reason)
             return
         no_delay(client)
-        client.subscribe(SHARED_REQUESTS, qos=1)
+        client.subscribe(self.requests, qos=1)
         log.info("MQTT bridge connected to %s:%d", self.config.host, self.config.port)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._connected)
@@ -127,7 +140,7 @@ class MqttBridge:
             self._loop.call_soon_threadsafe(self._spawn, message)
 
     def _spawn(self, message: Any) -> None:
-        task = asyncio.get_running_loop().create_task(self._handle(message))
+        task = asyncio.get_running_loop().create_task(self._guarded(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -137,20 +150,21 @@ class MqttBridge:
         self.metrics.mqtt_dropped.labels(reason).inc()
         log.warning("dropped an MQTT message on %s (%s) %s", message.topic, reason, detail)
 
+    async def _guarded(self, message: Any) -> None:
+        try:
+            await self._handle(message)
+        except Exception as exc:  # nothing a message holds may end in an unhandled task
+            self._drop("error", message, f"{type(exc).__name__}: {exc}")
+
     async def _handle(self, message: Any) -> None:
         props = message.properties
         reply_to = getattr(props, "ResponseTopic", None)
         correlation = getattr(props, "CorrelationData", None)
         user = user_properties(message)
-        token = parse_bearer(user.get("authorization"))
         try:
-            device = self.plane.registry.authenticate(token)
+            device = self.plane.registry.authenticate(parse_bearer(user.get("authorization")))
         except GatewayError as exc:
-            claimed = (token or "").partition(".")[0]
-            if claimed and correlation and reply_to == response_topic(claimed):
-                # say why to the device the token names (a wrong or revoked token)
-                self.plane.count_failure("unknown", "mqtt", exc)
-                return self._reply(reply_to, correlation, self._error(exc))
+            # no answer: whoever sent it could name any device's response topic
             return self._drop("unauthenticated", message, str(exc))
         if not reply_to:
             return self._drop("no_response_topic", message)

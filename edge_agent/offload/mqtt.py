@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+import weakref
 from typing import Any
 
 from edge_agent.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
@@ -35,6 +36,9 @@ class _Waiter:
         self.result: InferResponse | str = ""
 
 
+_TRANSPORTS: weakref.WeakKeyDictionary[MqttConnection, MqttTransport] = weakref.WeakKeyDictionary()
+
+
 class MqttTransport(Transport):
     name = "mqtt"
 
@@ -46,6 +50,16 @@ class MqttTransport(Transport):
         self.unmatched = 0
         self.topic = response_topic(connection.device_id)
         connection.subscribe(self.topic, self._on_response)
+
+    @classmethod
+    def of(cls, connection: MqttConnection, *, token: str | None = None) -> MqttTransport:
+        """The connection's one transport. Agents built one after another (a reload)
+        share it, so the answers to requests still in flight reach their callers."""
+        transport = _TRANSPORTS.get(connection)
+        if transport is None:
+            transport = _TRANSPORTS[connection] = cls(connection, token=token)
+        transport.token = token
+        return transport
 
     def _on_response(self, message: Any) -> None:
         correlation = getattr(message.properties, "CorrelationData", None)
@@ -60,7 +74,7 @@ class MqttTransport(Transport):
             waiter.status, waiter.result = decode_response(
                 message.payload, user_properties(message)
             )
-        except ProtocolError as exc:
+        except Exception as exc:  # whatever the payload, the caller is told at once
             waiter.status, waiter.result = 502, f"malformed response: {exc}"
         waiter.done.set()
 

@@ -2,8 +2,8 @@
 
 Topics (a device sees only its own, by the broker's ACL)::
 
-    offload/<model>/infer                 requests (any device publishes; gateways
-                                          share $share/gateways/offload/+/infer)
+    offload/<model>/infer                 requests (any device publishes; the gateways
+                                          share one subscription to offload/+/infer)
     devices/<device>/responses            the answers for one device
     devices/<device>/telemetry/<kind>     telemetry (status, decisions, latency, ota)
     devices/<device>/status               retained "online" / last will "offline"
@@ -35,7 +35,6 @@ from edge_agent.protocol.types import InferRequest, InferResponse
 
 __all__ = [
     "REQUEST_FILTER",
-    "SHARED_REQUESTS",
     "MqttMessage",
     "announcement_topic",
     "decode_request",
@@ -50,7 +49,6 @@ __all__ = [
 ]
 
 REQUEST_FILTER = "offload/+/infer"
-SHARED_REQUESTS = f"$share/gateways/{REQUEST_FILTER}"
 HEADER_PROPERTY = "inference-header-content-length"
 
 
@@ -143,4 +141,6 @@ def decode_response(payload: bytes, properties: dict[str, str]) -> tuple[int, In
             message = payload[:200].decode(errors="replace")
         return (int(status) if status.isascii() and status.isdigit() else 500), message
     length = properties.get(HEADER_PROPERTY)
-    return 200, decode_infer_response(payload, int(length) if length and length.isdigit() else None)
+    if length is not None and not (length.isascii() and length.isdigit()):
+        raise ProtocolError(f"{HEADER_PROPERTY} must be a non-negative integer")
+    return 200, decode_infer_response(payload, int(length) if length is not None else None)
