@@ -44,6 +44,7 @@ from edge_agent.errors import (
     ModelNotFoundError,
     NoVariantError,
     OffloadError,
+    OffloadUnavailable,
     PolicyRejected,
     PrivacyRefusal,
 )
@@ -234,6 +235,7 @@ class Agent:
         self.cached_answers = 0
         self.latency = LatencyWindow()
         self.power_mode = profile.default_power_mode
+        self._precision: str | None = None  # preferred over the profile's order (when hot)
 
     # -- models on the device ------------------------------------------------------------
 
@@ -260,7 +262,7 @@ class Agent:
         try:
             ranked = rank_variants(
                 package,
-                precisions=self.profile.precisions,
+                precisions=self.precisions,
                 formats=self.profile.formats,
                 installed=installed_formats(),
             )
@@ -280,7 +282,7 @@ class Agent:
         variant, session = open_best(
             package,
             self.profile.runtime,
-            precisions=self.profile.precisions,
+            precisions=self.precisions,
             formats=self.profile.formats,
             profile_name=f"profile {self.profile.id}",
         )
@@ -324,6 +326,27 @@ class Agent:
             self._packages[model] = fresh.package
             self._local[model] = fresh
         log.info("now serving %s (%s)", fresh.package.qualified_name, fresh.variant.id)
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The precision order in force: the profile's, or a preferred one first."""
+        if self._precision is None:
+            return self.profile.precisions
+        rest = tuple(p for p in self.profile.precisions if p != self._precision)
+        return (self._precision, *rest)
+
+    def prefer_precision(self, precision: str | None) -> None:
+        """Prefer ``precision`` (``int8`` when the device runs hot), or go back to the
+        profile's order (``None``). Loaded models whose best variant changes are
+        reloaded, the new variant warmed up before it takes over."""
+        self._precision = precision
+        for name, local in list(self._local.items()):
+            best = self._best_variant(local.package)
+            if best is not None and best.id != local.variant.id:
+                try:
+                    self.reload(name)
+                except EdgeError as exc:
+                    log.warning("cannot switch %s to %s: %s", name, best.id, exc)
 
     def backend_of(self, model: str) -> str | None:
         local = self._local.get(model)
@@ -487,6 +510,14 @@ class Agent:
             )
 
         if decision.action == Action.REJECT:
+            if decision.reason == "cloud_unreachable":  # as when an offload fails: a stand-in
+                try:
+                    return self._fall_back(
+                        decision, model, arrays, OffloadUnavailable(decision.message), started,
+                        request_id, findings, reason=decision.reason,
+                    )  # fmt: skip
+                except OffloadError:
+                    pass
             raise PolicyRejected(f"{decision.reason}: {decision.message}", decision=decision)
         if decision.action in (Action.LOCAL, Action.LOCAL_DEGRADED):
             local = self.local_model(model)
@@ -498,8 +529,8 @@ class Agent:
                 scores = next(iter(outputs.values()))
                 confidence = float(np.min(np.max(scores.reshape(len(scores), -1), axis=-1)))
                 second, findings = self._decide(model, arrays, label, deadline, state, confidence)
-                if second.action == Action.LOCAL_DEGRADED or second.leaves_device:
-                    decision = second
+                if (second.action, second.reason) != (decision.action, decision.reason):
+                    decision = second  # what was decided knowing the confidence
                     self.counter.count(second)
                 if second.leaves_device:
                     try:
@@ -588,8 +619,11 @@ class Agent:
         started: float,
         request_id: str,
         findings: Findings,
+        *,
+        reason: str = "offload_failed",
     ) -> AgentResult:
         """The cloud failed: a local stand-in, else a cached answer, else the error."""
+        log.info("request %s: the cloud failed for %s (%s)", request_id, model, error)
         for name in self._stand_ins(model):
             try:
                 local = self.local_model(name)
@@ -598,7 +632,7 @@ class Agent:
                 continue
             degraded = Decision(
                 action=Action.LOCAL_DEGRADED,
-                reason="offload_failed",
+                reason=reason,
                 message=f"{decision.message}; but the offload failed ({error}): {name} answers",
                 model=name,
                 label=decision.label,

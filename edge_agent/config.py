@@ -54,6 +54,23 @@ the sample models, local only)::
     interval_s = 30                 # status, decisions and latency every interval
     max_messages = 10000            # the on-disk queue's bound (oldest dropped, counted)
 
+    [api]                           # the local inference API of `edge-agent run`
+    host = "127.0.0.1"              # loopback only unless allow_remote (it has no auth)
+    http_port = 8080                # 0: no HTTP
+    grpc_port = 8081                # 0: no gRPC
+    socket = "/run/edge-agent/api.sock"  # HTTP on a Unix socket instead of host:http_port
+    allow_remote = false
+    drain_s = 10                    # on SIGTERM, how long requests in flight may take
+    max_body_bytes = 16777216
+
+    [thermal]                       # the thermal and power control loop
+    enabled = true
+    interval_s = 5
+    hysteresis_c = 5                # step back up only this far below the throttle point
+
+    [logging]
+    format = "json"                 # json (one object a line, with request ids) | text
+    level = "info"
 """
 
 from __future__ import annotations
@@ -71,10 +88,13 @@ from edge_agent.paths import default_model_dir
 
 __all__ = [
     "AgentConfig",
+    "ApiSettings",
     "BreakerConfig",
     "GatewaySettings",
+    "LoggingSettings",
     "OtaSettings",
     "TelemetrySettings",
+    "ThermalSettings",
     "load_agent_config",
     "read_tls",
 ]
@@ -109,6 +129,30 @@ class TelemetrySettings:
 
 
 @dataclass(frozen=True)
+class ApiSettings:
+    host: str = "127.0.0.1"
+    http_port: int = 8080
+    grpc_port: int = 8081
+    socket: Path | None = None
+    allow_remote: bool = False
+    drain_s: float = 10.0
+    max_body_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ThermalSettings:
+    enabled: bool = True
+    interval_s: float = 5.0
+    hysteresis_c: float = 5.0
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    format: str = "json"
+    level: str = "info"
+
+
+@dataclass(frozen=True)
 class BreakerConfig:
     failures: int = 3
     cooldown_s: float = 5.0
@@ -130,6 +174,9 @@ class AgentConfig:
     state_dir: Path = STATE_DIR
     mqtt: MqttSettings | None = None
     telemetry: TelemetrySettings | None = None
+    api: ApiSettings = field(default_factory=ApiSettings)
+    thermal: ThermalSettings = field(default_factory=ThermalSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -137,9 +184,11 @@ class AgentConfig:
 def _read_secret(path: Path, fields: Fields, name: str) -> str:
     try:
         mode = path.stat().st_mode
-        secret = path.read_text().strip()
+        secret = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise fields.fail(name, f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise fields.fail(name, f"{path} is not UTF-8 text") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise fields.fail(
             name, f"{path} is readable by others (mode {oct(mode & 0o777)}); expected 0600"
@@ -267,7 +316,53 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         state_dir=state_dir,
         mqtt=mqtt,
         telemetry=telemetry,
+        api=_api(fields.table("api", None), resolve),
+        thermal=_thermal(fields.table("thermal", None)),
+        logging=_logging(fields.table("logging", None)),
         source=path,
     )
     fields.done()
     return config
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _api(a: Fields, resolve: Callable[[str], Path]) -> ApiSettings:
+    socket = a.string("socket", None)
+    api = ApiSettings(
+        host=a.string("host", "127.0.0.1"),
+        http_port=a.integer("http_port", 8080, minimum=0, maximum=65535),
+        grpc_port=a.integer("grpc_port", 8081, minimum=0, maximum=65535),
+        socket=resolve(socket) if socket else None,
+        allow_remote=a.boolean("allow_remote", False),
+        drain_s=a.number("drain_s", 10.0, minimum=0.0),
+        max_body_bytes=a.integer("max_body_bytes", 16 * 1024 * 1024, minimum=1024),
+    )
+    if api.host not in LOOPBACK and not api.allow_remote:
+        raise a.fail(
+            "host",
+            f"{api.host!r} is not a loopback address and the local API has no authentication; "
+            "set allow_remote = true to serve it anyway",
+        )
+    a.done()
+    return api
+
+
+def _thermal(t: Fields) -> ThermalSettings:
+    thermal = ThermalSettings(
+        enabled=t.boolean("enabled", True),
+        interval_s=t.number("interval_s", 5.0, minimum=0.05),
+        hysteresis_c=t.number("hysteresis_c", 5.0, minimum=0.0),
+    )
+    t.done()
+    return thermal
+
+
+def _logging(g: Fields) -> LoggingSettings:
+    settings = LoggingSettings(
+        format=g.string("format", "json", choices=["json", "text"]),
+        level=g.string("level", "info", choices=["debug", "info", "warning", "error"]),
+    )
+    g.done()
+    return settings

@@ -192,7 +192,7 @@ def test_a_low_confidence_input_is_escalated_to_the_heavy_model(
     assert (result.decision.action, result.decision.reason) == (Action.OFFLOAD, "low_confidence")
     assert np.allclose(result.outputs["probabilities"], direct("digits-heavy", low), atol=1e-6)
     sure = agent.infer("digits-light", {"pixels": high})
-    assert not sure.escalated and sure.where == "device" and sure.decision.reason == "prefer_local"
+    assert not sure.escalated and sure.where == "device" and sure.decision.reason == "confident"
     assert agent.counter.snapshot()[("OFFLOAD", "low_confidence")] == 1
     agent.close()
 
@@ -221,6 +221,13 @@ def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker
     ] * 2
     assert [r.decision.reason for r, _ in answers][2:] == ["breaker_open", "breaker_open"]
     assert agent.offload is not None and agent.offload.breaker.state == "open"
+    # a cloud-only model, while the breaker is open: its stand-in answers at once
+    heavy = agent.infer("digits-heavy", {"pixels": low}, deadline_ms=300)
+    assert heavy.degraded and heavy.model == "digits-light" and heavy.where == "device"
+    assert (heavy.decision.action, heavy.decision.reason) == (
+        Action.LOCAL_DEGRADED,
+        "cloud_unreachable",
+    )
     # the gateway comes back on the same ports
     config = GatewayConfig(
         repository=MODELS, state_dir=tmp_path / "state", poll_interval_s=0.0, **ports

@@ -275,8 +275,10 @@ def test_infer_with_a_gateway_config_escalates(gateway, tmp_path: Path) -> None:
     token.write_text(gateway.device_token)
     token.chmod(0o600)
     config = tmp_path / "agent.toml"
+    root = make_root(tmp_path / "root")  # no proc/loadavg: this machine's load plays no part
     config.write_text(
-        f'profile = "generic-x86_64"\n[gateway]\naddress = "{gateway.grpc_url}"\ntoken_file = "device.token"\n'
+        f'profile = "generic-x86_64"\nroot = "{root}"\n'
+        f'[gateway]\naddress = "{gateway.grpc_url}"\ntoken_file = "device.token"\n'
     )
     low, _ = low_and_high_confidence()
     path = tmp_path / "low.npy"

@@ -12,14 +12,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.errors import status_of
-from edge_agent.protocol.grpc import request_from_proto, response_to_proto
+from edge_agent.protocol.grpc import (
+    Malformed,
+    generic_handler,
+    request_from_proto,
+    response_to_proto,
+)
 
 __all__ = ["InferenceServicer", "add_to_server"]
 
@@ -94,9 +98,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 self.plane.count_failure(request.model_name, "grpc", exc)
                 raise
             remaining = context.time_remaining()
-            deadline = None if remaining is None else self.plane._clock() + remaining
+            deadline = None if remaining is None else self.plane.clock() + remaining
+            request_id = None
+            for key, value in context.invocation_metadata() or ():
+                if key == "x-request-id":
+                    request_id = str(value)
             response = await self.plane.infer(
-                infer_request, device=device, protocol="grpc", deadline=deadline
+                infer_request,
+                device=device,
+                protocol="grpc",
+                deadline=deadline,
+                request_id=request_id,
             )
             return response_to_proto(response)
 
@@ -136,26 +148,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._guard(context, call)
 
 
-class _Malformed:
-    """What a request that could not be parsed becomes (answered INVALID_ARGUMENT)."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-def _parser(message_class: Any) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
-        try:
-            return message_class.FromString(data)
-        except (DecodeError, ValueError) as exc:
-            return _Malformed(exc)
-
-    return parse
-
-
 def _checked(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
     async def handler(request: Any, context: Any) -> Any:
-        if isinstance(request, _Malformed):
+        if isinstance(request, Malformed):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"malformed protobuf request: {request.error}"
             )
@@ -178,23 +173,8 @@ IMPLEMENTED = (
 
 
 def add_to_server(servicer: InferenceServicer, server: Any) -> None:
-    """Register the service's methods on ``server``.
-
-    Like the generated ``add_GRPCInferenceServiceServicer_to_server``, except
-    that a request that is not valid protobuf is answered INVALID_ARGUMENT
-    (gRPC's default is INTERNAL). Methods not implemented here (streaming,
-    shared memory, tracing) are answered UNIMPLEMENTED by gRPC itself.
-    """
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {}
-    for method in service.methods:
-        if method.name not in IMPLEMENTED:
-            continue
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _checked(getattr(servicer, method.name)),
-            request_deserializer=_parser(getattr(pb, method.input_type.name)),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
-        )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
-    )
+    """Register the service's methods on ``server``; a request that is not valid
+    protobuf is answered INVALID_ARGUMENT. Methods not implemented here (streaming,
+    shared memory, tracing) are answered UNIMPLEMENTED by gRPC itself."""
+    methods = {name: _checked(getattr(servicer, name)) for name in IMPLEMENTED}
+    server.add_generic_rpc_handlers((generic_handler(methods),))

@@ -196,15 +196,16 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
             raise
         infer_request.model_name = name
         infer_request.model_version = version
-        response = await plane.infer(infer_request, device=device, protocol="http")
-        content, header_length = encode_infer_response(response, infer_request)
-        if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(
-            content,
-            media_type="application/octet-stream",
-            headers={HEADER_LENGTH: str(header_length)},
+        request_id = request.headers.get("x-request-id")
+        response = await plane.infer(
+            infer_request, device=device, protocol="http", request_id=request_id
         )
+        content, header_length = encode_infer_response(response, infer_request)
+        headers = {"X-Request-Id": request_id} if request_id else {}
+        if header_length is None:
+            return Response(content, media_type="application/json", headers=headers)
+        headers[HEADER_LENGTH] = str(header_length)
+        return Response(content, media_type="application/octet-stream", headers=headers)
 
     # -- repository (admin) ------------------------------------------------------------
 

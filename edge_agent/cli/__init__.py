@@ -13,7 +13,16 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from edge_agent.cli import bench_cmd, infer_cmd, models_cmd, policy_cmd, profile_cmd, update_cmd
+from edge_agent.cli import (
+    bench_cmd,
+    infer_cmd,
+    models_cmd,
+    policy_cmd,
+    profile_cmd,
+    run_cmd,
+    service_cmd,
+    update_cmd,
+)
 from edge_agent.errors import EdgeError
 
 __all__ = ["main"]
@@ -38,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     infer_cmd.register(commands)
     policy_cmd.register(commands)
     bench_cmd.register(commands)
+    run_cmd.register(commands)
+    service_cmd.register(commands)
     return parser
 
 

@@ -12,7 +12,7 @@ from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 from edge_agent.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid", "ota", "mqtt")
+SUITES = ("runtime", "hybrid", "ota", "mqtt", "service")
 
 
 def register(commands: Any) -> None:
@@ -38,7 +38,15 @@ def register(commands: Any) -> None:
     parser.add_argument("--deadline-ms", type=float, default=250.0, help="per request (hybrid)")
     parser.add_argument("--sizes", default="50,200", help="model sizes in MB (ota)")
     parser.add_argument("--messages", type=int, default=5000, help="telemetry messages (mqtt)")
-    parser.add_argument("--requests", type=int, default=300, help="round trips each (mqtt)")
+    parser.add_argument(
+        "--requests", type=int, default=300, help="round trips each (mqtt, service)"
+    )
+    parser.add_argument(
+        "--soak-s", type=float, default=120.0, help="seconds of mixed load (service)"
+    )
+    parser.add_argument(
+        "--starts", type=int, default=5, help="daemon starts per configuration (service)"
+    )
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -52,7 +60,18 @@ def _bench(args: argparse.Namespace) -> int:
         return _ota(args)
     if args.suite == "mqtt":
         return _mqtt(args)
+    if args.suite == "service":
+        return _service(args)
     return _runtime(args)
+
+
+def _done(args: argparse.Namespace, report: dict[str, Any], table: str) -> int:
+    """Print the table; write the report as JSON when asked."""
+    print(table)
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _hybrid(args: argparse.Namespace) -> int:
@@ -62,22 +81,14 @@ def _hybrid(args: argparse.Namespace) -> int:
     report = run_hybrid(
         profile, args.model_dir or default_model_dir(), deadline_ms=args.deadline_ms
     )
-    print(format_hybrid(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    return _done(args, report, format_hybrid(report))
 
 
 def _ota(args: argparse.Namespace) -> int:
     from edge_agent.bench.ota import format_ota, run_ota
 
     report = run_ota(tuple(int(s) for s in args.sizes.split(",")))
-    print(format_ota(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    return _done(args, report, format_ota(report))
 
 
 def _mqtt(args: argparse.Namespace) -> int:
@@ -86,11 +97,15 @@ def _mqtt(args: argparse.Namespace) -> int:
     report = run_mqtt(
         args.model_dir or default_model_dir(), messages=args.messages, requests=args.requests
     )
-    print(format_mqtt(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    return _done(args, report, format_mqtt(report))
+
+
+def _service(args: argparse.Namespace) -> int:
+    from edge_agent.bench.service import ServiceSettings, format_service, run_service
+
+    settings = ServiceSettings(requests=args.requests, soak_s=args.soak_s, starts=args.starts)
+    report = run_service(args.model_dir or default_model_dir(), settings)
+    return _done(args, report, format_service(report))
 
 
 def _runtime(args: argparse.Namespace) -> int:
@@ -115,8 +130,4 @@ def _runtime(args: argparse.Namespace) -> int:
     )
     report = run_bench(package, variants, options, settings)
     report["profile"] = profile.id
-    print(format_report(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
-    return 0
+    return _done(args, report, format_report(report))

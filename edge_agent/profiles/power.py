@@ -107,13 +107,17 @@ def plan_power_mode(profile: DeviceProfile, mode_name: str | None, root: Path) -
                             f"(it offers {', '.join(offered)})"
                         )
                 actions.append(Action(path=freq / "scaling_governor", value=mode.cpu_governor))
+            bounds = [freq / "cpuinfo_min_freq", freq / "cpuinfo_max_freq"]
+            known = all(b.is_file() for b in bounds)
+            low, high = (int(b.read_text().strip() or 0) for b in bounds) if known else (0, 0)
             if mode.cpu_max_freq_khz is not None:
-                target = mode.cpu_max_freq_khz
-                bounds = [freq / "cpuinfo_min_freq", freq / "cpuinfo_max_freq"]
-                if all(b.is_file() for b in bounds):
-                    low, high = (int(b.read_text().strip() or 0) for b in bounds)
-                    target = max(low, min(high, target))
+                target = (
+                    max(low, min(high, mode.cpu_max_freq_khz)) if known else (mode.cpu_max_freq_khz)
+                )
                 actions.append(Action(path=freq / "scaling_max_freq", value=str(target)))
+            elif known and high:
+                # no cap in this mode: lift one an earlier mode (powersave) left behind
+                actions.append(Action(path=freq / "scaling_max_freq", value=str(high)))
     return actions
 
 

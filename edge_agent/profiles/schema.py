@@ -58,7 +58,9 @@ class DetectRules:
 
 @dataclass(frozen=True)
 class PowerMode:
-    """One power mode. Unset fields are left as they are."""
+    """One power mode. Unset fields are left as they are, except the CPU frequency
+    cap: a mode that sets the governor and no ``cpu_max_freq_khz`` runs at the
+    hardware's maximum (so leaving powersave lifts its cap)."""
 
     name: str
     cpu_governor: str | None = None

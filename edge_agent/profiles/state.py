@@ -2,7 +2,8 @@
 
 Read under the configurable root from the profile's thermal zones (above a
 zone's throttle temperature: throttled; above its critical one: critical) and
-from the load average per CPU.
+from the load average per CPU (``proc/loadavg``: under a fake root without
+one, the load is unknown and the policy does not act on it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from edge_agent.profiles.power import read_temperatures
 from edge_agent.profiles.schema import DeviceProfile
 
-__all__ = ["DeviceState", "read_device_state"]
+__all__ = ["DeviceState", "read_cpu_load", "read_device_state"]
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,12 @@ def read_device_state(profile: DeviceProfile, root: Path = Path("/")) -> DeviceS
             continue
         throttled = throttled or value >= zone.throttle_c
         critical = critical or value >= zone.critical_c
+    return DeviceState(throttled, critical, read_cpu_load(root), tuple(temperatures.items()))
+
+
+def read_cpu_load(root: Path = Path("/")) -> float | None:
+    """The load average over a minute, per CPU (``None`` when unknown)."""
     try:
-        load: float | None = os.getloadavg()[0] / (os.cpu_count() or 1)
-    except OSError:
-        load = None
-    return DeviceState(throttled, critical, load, tuple(temperatures.items()))
+        return float((root / "proc/loadavg").read_text().split()[0]) / (os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        return None

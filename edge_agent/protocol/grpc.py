@@ -32,6 +32,8 @@ from edge_agent.protocol.types import (
 from edge_agent.tensors import datatype_of, numpy_dtype
 
 __all__ = [
+    "Malformed",
+    "generic_handler",
     "pb",
     "request_from_proto",
     "request_to_proto",
@@ -200,3 +202,46 @@ def response_from_proto(message: Any) -> InferResponse:
         id=message.id,
         parameters=parameters_from_proto(message.parameters),
     )
+
+
+class Malformed:
+    """What a request that is not valid protobuf becomes: the servicer answers it
+    INVALID_ARGUMENT (gRPC's own default would be INTERNAL)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _parser(message_class: Any) -> Any:
+    from google.protobuf.message import DecodeError
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except (DecodeError, ValueError) as exc:
+            return Malformed(exc)
+
+    return parse
+
+
+def generic_handler(methods: dict[str, Any]) -> Any:
+    """A ``grpc`` generic handler for ``inference.GRPCInferenceService``'s unary
+    methods named in ``methods`` (name -> behaviour, sync or async).
+
+    Like the generated ``add_GRPCInferenceServiceServicer_to_server``, except
+    that requests are parsed by :class:`Malformed`-returning parsers (a behaviour
+    must check for one). Methods not given are answered UNIMPLEMENTED by gRPC.
+    """
+    import grpc
+
+    service = pb().DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            methods[method.name],
+            request_deserializer=_parser(getattr(pb(), method.input_type.name)),
+            response_serializer=getattr(pb(), method.output_type.name).SerializeToString,
+        )
+        for method in service.methods
+        if method.name in methods
+    }
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)

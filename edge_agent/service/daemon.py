@@ -1,0 +1,327 @@
+"""``edge-agent run``: the agent as a long-running service.
+
+Start: load the configuration (or the embedded defaults), the profile
+(detected or named), apply its power mode, build the agent, load and warm its
+models, start the updater, the fleet link (telemetry and announcements over
+MQTT), the thermal loop and the local API, then tell systemd ``READY=1`` and
+keep its watchdog fed while the main loop is alive.
+
+Signals, handled on the main thread:
+
+- SIGTERM (and SIGINT): ``STOPPING=1``; stop accepting (new requests get 503 /
+  UNAVAILABLE), let requests in flight finish within ``[api] drain_s``, send
+  what telemetry the broker takes in two seconds (the rest stays queued on
+  disk), stop the loops, exit 0.
+- SIGHUP: ``RELOADING=1``; read the configuration and policy again and build a
+  new agent beside the running one; if anything is wrong the new one is
+  refused, the running one kept, and the log says why. Requests never wait
+  for a reload: they go to whichever agent is current when they arrive.
+  ``[api]``, ``[mqtt]``, ``[ota]``, ``[logging]`` and ``state_dir`` take a
+  restart (a reload that changes them says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from edge_agent.agent import Agent
+from edge_agent.assemble import (
+    create_agent,
+    create_connection,
+    create_fleet_link,
+    create_updater,
+    resolve_profile,
+)
+from edge_agent.config import AgentConfig, load_agent_config
+from edge_agent.errors import ConfigError, EdgeError
+from edge_agent.package import ModelRepository
+from edge_agent.service.frontend import LocalService
+from edge_agent.service.metrics import ServiceMetrics
+from edge_agent.service.notify import Notifier
+from edge_agent.service.thermal import ThermalController
+
+__all__ = ["Daemon"]
+
+log = logging.getLogger(__name__)
+
+RESTART_SECTIONS = ("api", "mqtt", "ota", "logging", "state_dir", "telemetry", "thermal")
+
+
+class Daemon:
+    def __init__(
+        self,
+        config_path: Path | None = None,
+        *,
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config_path = config_path
+        self._http_port, self._grpc_port = http_port, grpc_port
+        self.notifier = notifier or Notifier()
+        self.metrics = ServiceMetrics(self.snapshot)
+        self.service = LocalService(lambda: self.agent, self.metrics)
+        self.ota_outcomes: Counter[str] = Counter()
+        self.agent: Agent
+        self.config: AgentConfig
+        self.thermal: ThermalController | None = None
+        self.updater: Any = None
+        self.link: Any = None
+        self.connection: Any = None
+        self.apis: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._heartbeat = time.monotonic()
+        self.started_s = 0.0  # from the start of start() to READY=1
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def load_config(self) -> AgentConfig:
+        config = load_agent_config(self.config_path)
+        api = config.api
+        if self._http_port is not None:
+            api = replace(api, http_port=self._http_port)
+        if self._grpc_port is not None:
+            api = replace(api, grpc_port=self._grpc_port)
+        return replace(config, api=api)
+
+    def _build_agent(self, config: AgentConfig) -> Agent:
+        agent = create_agent(
+            config,
+            profile=self.profile,
+            connection=self.connection,
+            device_state=self.thermal.state if self.thermal is not None else None,
+        )
+        if self.thermal is not None:
+            agent.power_mode = self.thermal.power_mode
+            if self.thermal.precision is not None:
+                agent.prefer_precision(self.thermal.precision)
+        self._warm(agent, config)
+        return agent
+
+    def _warm(self, agent: Agent, config: AgentConfig) -> None:
+        """Load (and warm up) every model that may run here, so no request pays for it."""
+        for name in ModelRepository(config.model_dir).names():
+            if agent.rules.rule(name).placement == "cloud":
+                continue
+            try:
+                agent.local_model(name)
+            except EdgeError as exc:
+                log.info("%s is not loaded on this device: %s", name, exc)
+
+    # -- start and stop -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        started = time.monotonic()
+        config = self.config = self.load_config()
+        self.profile = resolve_profile(config)
+        if config.thermal.enabled:
+            self.thermal = ThermalController(
+                self.profile,
+                config.root,
+                set_precision=lambda precision: self.agent.prefer_precision(precision),
+                interval_s=config.thermal.interval_s,
+                hysteresis_c=config.thermal.hysteresis_c,
+            )
+            self.thermal.on_change(self._thermal_changed)
+        self._apply_power_mode(config)
+        self.connection = create_connection(config)
+        self.agent = self._build_agent(config)
+        if config.ota is not None:
+            self.updater = create_updater(config, self.profile)
+            self.updater.on_installed = lambda name, package: self.agent.reload(name, package)
+            self.updater.listeners.append(
+                lambda outcome: self.ota_outcomes.update([outcome.status])
+            )
+            self._thread(self.updater.run, "updater")
+        if self.connection is not None:
+            self.link = create_fleet_link(
+                config, self.connection, agent=lambda: self.agent, updater=self.updater
+            )
+            self.link.start()
+        if self.thermal is not None:
+            self.thermal.start()
+        self._start_apis(config)
+        self.started_s = time.monotonic() - started
+        models = ", ".join(self.agent.loaded()) or "no models"
+        where = ", ".join(api.address for api in self.apis) or "no local API"
+        self.notifier.ready(f"serving {models} on {where}")
+        self.notifier.start_watchdog(self._healthy)
+        log.info(
+            "ready in %.2f s: profile %s, %s, on %s", self.started_s, self.profile.id, models, where
+        )
+
+    def _thread(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _apply_power_mode(self, config: AgentConfig) -> None:
+        from edge_agent.profiles.power import apply_plan, plan_power_mode
+
+        mode = self.thermal.power_mode if self.thermal else self.profile.default_power_mode
+        try:
+            apply_plan(plan_power_mode(self.profile, mode, config.root))
+            log.info("power mode %s applied", mode)
+        except EdgeError as exc:  # not root, or a board without cpufreq: serve anyway
+            log.warning("power mode %s not applied: %s", mode, exc)
+
+    def _start_apis(self, config: AgentConfig) -> None:
+        try:
+            self._open_apis(config)
+        except (OSError, RuntimeError) as exc:  # a port in use, an address not on this host
+            raise ConfigError(f"[api]: cannot listen: {exc}", path=config.source) from exc
+
+    def _open_apis(self, config: AgentConfig) -> None:
+        api = config.api
+        if api.socket is not None or api.http_port:
+            from edge_agent.service.http_api import HttpApi
+
+            http = HttpApi(
+                self.service,
+                host=api.host,
+                port=api.http_port,
+                unix_socket=api.socket,
+                max_body_bytes=api.max_body_bytes,
+            )
+            http.start()
+            self.apis.append(http)
+        if api.grpc_port:
+            try:
+                from edge_agent.service.grpc_api import GrpcApi
+            except ImportError as exc:
+                raise ConfigError(
+                    f"the local gRPC API needs grpcio and tritonclient ({exc}): install the "
+                    "`service` extra, or set [api] grpc_port = 0 to serve HTTP only",
+                    path=config.source,
+                ) from None
+
+            grpc = GrpcApi(
+                self.service,
+                host=api.host,
+                port=api.grpc_port,
+                max_message_bytes=api.max_body_bytes,
+            )
+            grpc.start()
+            self.apis.append(grpc)
+
+    def stop(self) -> bool:
+        """Stop gracefully; whether every request in flight finished in time."""
+        drain_s = self.config.api.drain_s
+        self.notifier.stopping()
+        log.info("stopping: %d requests in flight", self.service.inflight)
+        # new requests are answered 503 (connections waiting to be accepted too, rather
+        # than reset), those in flight finish; then the listeners close
+        self.service.stop_accepting()
+        drained = self.service.drain(drain_s)
+        if not drained:
+            log.warning("%d requests still running after %.1f s", self.service.inflight, drain_s)
+        steps: list[Any] = [*(lambda api=api: api.stop(grace=0.5) for api in self.apis)]
+        if self.thermal is not None:
+            steps.append(self.thermal.stop)
+        if self.updater is not None:
+            steps.append(self.updater.stop)
+        if self.link is not None:
+            steps.append(lambda: self.link.stop(drain_s=2.0))
+        steps += [self.agent.close, self.notifier.stop]
+        for step in steps:  # each on its own: one failing must not keep the rest from running
+            try:
+                step()
+            except Exception:
+                log.exception("while stopping")
+        log.info("stopped")
+        return drained
+
+    # -- reload ---------------------------------------------------------------------------------
+
+    def reload(self) -> bool:
+        """Apply the configuration and policy on disk; keep the running ones if they are bad."""
+        self.notifier.reloading()
+        try:
+            config = self.load_config()
+            agent = self._build_agent(config)
+        except Exception as exc:  # whatever went wrong, the running agent stays
+            message = str(exc) if isinstance(exc, EdgeError) else f"{type(exc).__name__}: {exc}"
+            log.error("reload refused, the running configuration stays: %s", message)
+            self.notifier.reloaded(f"reload refused: {message}")
+            return False
+        old, self.agent = self.agent, agent
+        for section in RESTART_SECTIONS:
+            if getattr(config, section) != getattr(self.config, section):
+                log.warning("[%s] changed: it takes effect at the next restart", section)
+        self.config = replace(config, **{s: getattr(self.config, s) for s in RESTART_SECTIONS})
+        # requests already on the old agent finish there; it is closed when none is left
+        self.service.retire(old)
+        self.notifier.reloaded()
+        log.info("reloaded %s", self.config_path or "the embedded defaults")
+        return True
+
+    # -- the main thread ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start, serve until SIGTERM or SIGINT (reloading on SIGHUP), stop; the exit code."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        self.start()
+        reloading: threading.Thread | None = None
+        while not self._stop.wait(1.0):
+            self._heartbeat = time.monotonic()
+            if self._reload.is_set() and (reloading is None or not reloading.is_alive()):
+                # on a thread: building a new agent may take long (engines, warm-up), and
+                # the watchdog must go on hearing from the main loop meanwhile
+                self._reload.clear()
+                reloading = threading.Thread(target=self.reload, name="reload", daemon=True)
+                reloading.start()
+        if reloading is not None:
+            reloading.join()
+        self.stop()
+        return 0
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _healthy(self) -> bool:
+        """For the watchdog: the main loop goes round (it wakes every second)."""
+        return time.monotonic() - self._heartbeat < 10.0 or self._stop.is_set()
+
+    # -- observability --------------------------------------------------------------------------
+
+    def _thermal_changed(self, change: dict[str, Any]) -> None:
+        self.agent.power_mode = change["power_mode"]
+        log.warning(
+            "thermal level %s (%s): power mode %s, precision %s",
+            change["level"],
+            change.get("zone"),
+            change["power_mode"],
+            change["precision"] or "as the profile says",
+        )
+        telemetry = getattr(self.link, "telemetry", None)
+        if telemetry is not None:
+            telemetry.emit("thermal", change)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state /metrics shows."""
+        if not hasattr(self, "agent"):
+            return {}
+        thermal = self.thermal
+        state: dict[str, Any] = {
+            "models": self.agent.loaded(),
+            "inflight": self.service.inflight,
+            "ota": dict(self.ota_outcomes),
+            "power_mode": thermal.power_mode if thermal else self.agent.power_mode,
+            "thermal_level": thermal.level if thermal else "normal",
+            "temperatures": dict(self.agent.device_state().temperatures),
+        }
+        telemetry = getattr(self.link, "telemetry", None)
+        if telemetry is not None:
+            state["queue"] = {"waiting": telemetry.queue.size, "dropped": telemetry.queue.dropped}
+        return state

@@ -1,0 +1,253 @@
+"""What the local API's two front ends (HTTP and gRPC) share: one request through
+the agent, the decision in the response, errors as statuses, and the count of
+requests in flight that a stop waits for.
+
+The label (the data's sensitivity) comes from the ``X-Edge-Label`` header or
+``x-edge-label`` gRPC metadata, or the request parameter ``edge_label``; the
+deadline from the protocol's ``timeout`` parameter (µs). The response's
+parameters say what the agent did: ``edge_action``, ``edge_reason``,
+``edge_where`` (device, cloud or cache), ``edge_model`` (the model that
+answered), ``edge_degraded`` and ``request_id``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from edge_agent.agent import Agent
+from edge_agent.errors import (
+    EdgeError,
+    InputError,
+    ModelNotFoundError,
+    NoVariantError,
+    OffloadError,
+    OffloadTimeout,
+    PolicyRejected,
+    PrivacyRefusal,
+)
+from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_agent.service.logs import request_id as current_request_id
+from edge_agent.service.metrics import ServiceMetrics
+
+__all__ = ["LocalService", "Status", "Stopping", "status_of"]
+
+log = logging.getLogger(__name__)
+
+
+class Stopping(EdgeError):
+    """The agent is stopping: no new requests."""
+
+
+@dataclass(frozen=True)
+class Status:
+    http: int
+    grpc: str  # a grpc.StatusCode member's name
+    kind: str
+
+
+# the first match wins: subclasses before their bases
+_TABLE: list[tuple[type[BaseException], Status]] = [
+    (PrivacyRefusal, Status(403, "PERMISSION_DENIED", "refused")),
+    (PolicyRejected, Status(403, "PERMISSION_DENIED", "refused")),
+    (InputError, Status(400, "INVALID_ARGUMENT", "bad_request")),
+    (ModelNotFoundError, Status(404, "NOT_FOUND", "not_found")),
+    (NoVariantError, Status(503, "UNAVAILABLE", "unavailable")),
+    (OffloadTimeout, Status(504, "DEADLINE_EXCEEDED", "deadline_exceeded")),
+    (OffloadError, Status(503, "UNAVAILABLE", "unavailable")),
+    (Stopping, Status(503, "UNAVAILABLE", "stopping")),
+    (EdgeError, Status(500, "INTERNAL", "internal")),
+]
+
+
+def status_of(exc: BaseException) -> tuple[Status, str]:
+    """The status of an error and the message for the caller (no traceback, ever)."""
+    for kind, status in _TABLE:
+        if isinstance(exc, kind):
+            return status, str(exc) or kind.__name__
+    return Status(500, "INTERNAL", "internal"), "internal error"
+
+
+def _label(request: InferRequest, header: str | None) -> str | None:
+    label = header or request.parameters.get("edge_label")
+    if label is not None and not isinstance(label, str):
+        raise InputError(f"parameter 'edge_label' must be a string, got {label!r}")
+    return label
+
+
+class LocalService:
+    """Runs requests through the agent of the moment (a reload swaps it)."""
+
+    def __init__(self, agent: Callable[[], Agent], metrics: ServiceMetrics) -> None:
+        self._agent = agent
+        self.metrics = metrics
+        self._accepting = True
+        self._inflight = 0
+        self._idle = threading.Condition()
+        self._users: dict[int, int] = {}  # id(agent) -> requests using it
+        self._retired: dict[int, Agent] = {}  # replaced agents, closed when unused
+
+    @property
+    def agent(self) -> Agent:
+        return self._agent()
+
+    # -- life -----------------------------------------------------------------------------
+
+    @contextmanager
+    def _tracked(self) -> Iterator[Agent]:
+        """The agent to answer with, counted as in use until the request is done."""
+        with self._idle:
+            if not self._accepting:
+                raise Stopping("the agent is stopping")
+            agent = self.agent
+            self._inflight += 1
+            self._users[id(agent)] = self._users.get(id(agent), 0) + 1
+        try:
+            yield agent
+        finally:
+            retired = None
+            with self._idle:
+                self._inflight -= 1
+                left = self._users[id(agent)] = self._users[id(agent)] - 1
+                if left == 0:
+                    del self._users[id(agent)]
+                    retired = self._retired.pop(id(agent), None)
+                self._idle.notify_all()
+            if retired is not None:
+                self._close(retired)
+
+    def retire(self, agent: Agent) -> None:
+        """Close ``agent`` (replaced by a reload) once no request uses it any more."""
+        with self._idle:
+            if self._users.get(id(agent)):
+                self._retired[id(agent)] = agent
+                return
+        self._close(agent)
+
+    @staticmethod
+    def _close(agent: Agent) -> None:
+        try:
+            agent.close()
+        except Exception:
+            log.exception("closing the replaced agent")
+
+    def stop_accepting(self) -> None:
+        with self._idle:
+            self._accepting = False
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until no request is in flight (or ``timeout``); whether it emptied."""
+        end = time.monotonic() + timeout
+        with self._idle:
+            while self._inflight:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def ready(self) -> bool:
+        return self._accepting
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def infer(
+        self, request: InferRequest, *, label: str | None = None, request_id: str | None = None
+    ) -> InferResponse:
+        """Answer one request through the agent.
+
+        Raises:
+            EdgeError: mapped to a status by :func:`status_of`.
+        """
+        rid = request_id or request.id or uuid.uuid4().hex
+        token = current_request_id.set(rid)
+        started = time.perf_counter()
+        try:
+            with self._tracked() as agent:
+                if agent.offload is None and agent.package(request.model_name) is None:
+                    raise ModelNotFoundError(
+                        f"unknown model {request.model_name!r}: not on this device, and no "
+                        "gateway to ask"
+                    )
+                timeout_us = request.timeout_us
+                result = agent.infer(
+                    request.model_name,
+                    request.inputs,
+                    label=_label(request, label),
+                    deadline_ms=timeout_us / 1000 if timeout_us else None,
+                    request_id=rid,
+                )
+        except Exception as exc:
+            status, message = status_of(exc)
+            decision = getattr(exc, "decision", None)
+            action = decision.action.value if decision is not None else "error"
+            reason = decision.reason if decision is not None else status.kind
+            model = "unknown" if isinstance(exc, ModelNotFoundError) else request.model_name
+            self.metrics.request(model, action, reason, None, 0.0)
+            if status.http >= 500:
+                log.error("request for %s failed: %s", request.model_name, message)
+            raise
+        finally:
+            current_request_id.reset(token)
+        outputs = result.outputs
+        if request.outputs is not None:
+            missing = [o.name for o in request.outputs if o.name not in outputs]
+            if missing:
+                raise InputError(f"unknown output {missing[0]!r} for model {result.model!r}")
+            outputs = {o.name: outputs[o.name] for o in request.outputs}
+        decision = result.decision
+        self.metrics.request(
+            request.model_name,
+            decision.action.value,
+            decision.reason,
+            result.where,
+            time.perf_counter() - started,
+        )
+        parameters: dict[str, Any] = {
+            "edge_action": decision.action.value,
+            "edge_reason": decision.reason,
+            "edge_where": result.where,
+            "edge_model": result.model,
+            "edge_degraded": result.degraded,
+            "request_id": rid,
+        }
+        return InferResponse(
+            model_name=request.model_name,
+            model_version=str(result.version or ""),
+            outputs=outputs,
+            id=request.id,
+            parameters=parameters,
+        )
+
+    def model_metadata(self, name: str) -> dict[str, Any]:
+        """The model's metadata (its manifest's tensors).
+
+        Raises:
+            ModelNotFoundError: the agent does not know it.
+        """
+        package = self.agent.package(name)
+        if package is None:
+            raise ModelNotFoundError(f"unknown model {name!r}")
+        local = self.agent.loaded().get(name)
+        return {
+            "name": name,
+            "versions": [str(package.version)],
+            "platform": _platform(local["variant"]) if local else "",
+            "inputs": [spec.to_dict() for spec in package.inputs],
+            "outputs": [spec.to_dict() for spec in package.outputs],
+        }
+
+
+def _platform(variant: str) -> str:
+    return "tensorflow_lite" if variant.startswith("tflite") else "onnxruntime_onnx"

@@ -1,0 +1,136 @@
+"""The local API over gRPC: ``inference.GRPCInferenceService`` on ``127.0.0.1``,
+so ``tritonclient.grpc`` calls the agent unchanged.
+
+A synchronous ``grpc`` server with a small thread pool (the agent's work is
+blocking: runtimes and offload calls). The label comes in the
+``x-edge-label`` metadata (or the ``edge_label`` parameter), the request id in
+``x-request-id``; errors are gRPC statuses from the one table in
+:mod:`.frontend`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from edge_agent.protocol.grpc import (
+    Malformed,
+    generic_handler,
+    pb,
+    request_from_proto,
+    response_to_proto,
+)
+from edge_agent.service.frontend import LocalService, status_of
+from edge_agent.service.http_api import SERVER
+
+__all__ = ["GrpcApi"]
+
+log = logging.getLogger(__name__)
+
+
+def _metadata(context: Any, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return str(value)
+    return None
+
+
+class GrpcApi:
+    def __init__(
+        self,
+        service: LocalService,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8081,
+        workers: int = 4,
+        max_message_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.service = service
+        self._server = grpc.server(
+            ThreadPoolExecutor(workers, thread_name_prefix="local-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        methods: dict[str, Callable[[Any, Any], Any]] = {
+            "ServerLive": self._live,
+            "ServerReady": self._ready,
+            "ModelReady": self._model_ready,
+            "ServerMetadata": self._server_metadata,
+            "ModelMetadata": self._model_metadata,
+            "ModelInfer": self._infer,
+        }
+        self._server.add_generic_rpc_handlers(
+            (generic_handler({name: _guarded(m) for name, m in methods.items()}),)
+        )
+        bracketed = f"[{host}]" if ":" in host else host
+        self.port = self._server.add_insecure_port(f"{bracketed}:{port}")
+        self.address = f"{bracketed}:{self.port}"
+
+    def start(self) -> None:
+        self._server.start()
+        log.info("local API (gRPC) on %s", self.address)
+
+    def stop(self, grace: float) -> None:
+        """Stop accepting; calls already running get ``grace`` seconds to finish
+        (returns at once: the daemon waits for them itself)."""
+        self._server.stop(grace)
+
+    # -- methods ----------------------------------------------------------------------------
+
+    def _live(self, request: Any, context: Any) -> Any:
+        return pb().ServerLiveResponse(live=True)
+
+    def _ready(self, request: Any, context: Any) -> Any:
+        return pb().ServerReadyResponse(ready=self.service.ready)
+
+    def _model_ready(self, request: Any, context: Any) -> Any:
+        self.service.model_metadata(request.name)
+        return pb().ModelReadyResponse(ready=self.service.ready)
+
+    def _server_metadata(self, request: Any, context: Any) -> Any:
+        return pb().ServerMetadataResponse(**SERVER)
+
+    def _model_metadata(self, request: Any, context: Any) -> Any:
+        meta = self.service.model_metadata(request.name)
+        tensor = pb().ModelMetadataResponse.TensorMetadata
+        return pb().ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[tensor(**t) for t in meta["inputs"]],
+            outputs=[tensor(**t) for t in meta["outputs"]],
+        )
+
+    def _infer(self, request: Any, context: Any) -> Any:
+        infer_request = request_from_proto(request)
+        remaining = context.time_remaining()
+        if remaining is not None and "timeout" not in infer_request.parameters:
+            infer_request.parameters["timeout"] = max(1, int(remaining * 1e6))
+        response = self.service.infer(
+            infer_request,
+            label=_metadata(context, "x-edge-label"),
+            request_id=_metadata(context, "x-request-id"),
+        )
+        return response_to_proto(response)
+
+
+def _guarded(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def handler(request: Any, context: Any) -> Any:
+        if isinstance(request, Malformed):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"malformed protobuf request: {request.error}"
+            )
+        try:
+            return method(request, context)
+        except Exception as exc:
+            status, message = status_of(exc)
+            context.abort(grpc.StatusCode[status.grpc], message)
+
+    return handler

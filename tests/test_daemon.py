@@ -1,0 +1,474 @@
+"""`edge-agent run` as systemd runs it: a subprocess with a test NOTIFY_SOCKET, the
+local API called by stock tritonclient, signals, the thermal loop on a fake sysfs,
+/metrics and JSON logs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edge_agent.bench.report import free_port
+from edge_agent.package import ModelRepository
+
+from .conftest import MODELS, ROOT, make_root
+
+LIGHT = ModelRepository(MODELS).get("digits-light")
+
+
+def light_rows(rows: int = 4) -> np.ndarray:
+    return LIGHT.evaluation()[0][:rows].astype(np.float32)
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[bytes]
+    notify: socket.socket
+    http_port: int
+    grpc_port: int
+    config: Path
+    root: Path
+    messages: list[tuple[float, str]] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read_notify, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_notify(self) -> None:
+        while True:
+            try:
+                data = self.notify.recv(4096)
+            except OSError:
+                return
+            for line in data.decode().splitlines():
+                self.messages.append((time.monotonic(), line))
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    def wait_message(self, prefix: str, timeout: float = 30.0, after: int = 0) -> float:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for at, line in self.messages[after:]:
+                if line.startswith(prefix):
+                    return at
+            if self.process.poll() is not None:
+                raise AssertionError(f"the agent exited: {self.stderr[-20:]}")
+            time.sleep(0.02)
+        raise AssertionError(
+            f"no {prefix} within {timeout} s: {self.messages}, {self.stderr[-20:]}"
+        )
+
+    def logs(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.stderr:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+
+    def post_json(
+        self, path: str, document: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        connection.request("POST", path, json.dumps(document), headers or {})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.notify.close()
+        return self.process.returncode
+
+
+def light_repository(tmp: Path) -> Path:
+    models = tmp / "models"
+    shutil.copytree(MODELS / "digits-light", models / "digits-light")
+    return models
+
+
+def write_config(
+    path: Path,
+    root: Path,
+    models: Path,
+    http_port: int,
+    grpc_port: int,
+    extra: str = "",
+    api: str = "",
+) -> None:
+    path.write_text(
+        f"""device_id = "cam-01"
+profile = "raspberry-pi-5"
+root = "{root}"
+model_dir = "{models}"
+state_dir = "{path.parent / "state"}"
+[privacy]
+face_detector = false
+[api]
+http_port = {http_port}
+grpc_port = {grpc_port}
+drain_s = 5
+{api}
+[thermal]
+interval_s = 0.1
+hysteresis_c = 5
+{extra}"""
+    )
+
+
+def start_agent(tmp: Path, extra: str = "", watchdog_usec: int = 400_000, api: str = "") -> Running:
+    root = make_root(tmp / "root", cpus=2, temperatures={0: 50_000})
+    http_port, grpc_port = free_port(), free_port()
+    config = tmp / "agent.toml"
+    write_config(config, root, light_repository(tmp), http_port, grpc_port, extra, api)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify_path = tmp / "notify.sock"
+    notify.bind(str(notify_path))
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": str(notify_path),
+        "WATCHDOG_USEC": str(watchdog_usec),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("WATCHDOG_PID", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    return Running(process, notify, http_port, grpc_port, config, root)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Running]:
+    running = start_agent(tmp_path)
+    running.wait_message("READY=1")
+    yield running
+    running.stop()
+
+
+def test_the_http_api_on_a_unix_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "run" / "api.sock"
+    running = start_agent(tmp_path, api=f'socket = "{sock}"')
+    try:
+        running.wait_message("READY=1")
+
+        class UnixConnection(http.client.HTTPConnection):
+            def connect(self) -> None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(str(sock))
+
+        connection = UnixConnection("localhost", timeout=10)
+        connection.request("GET", "/v2/health/ready")
+        assert connection.getresponse().status == 200
+        assert oct(sock.stat().st_mode & 0o777) == "0o660"
+    finally:
+        assert running.stop() == 0
+    assert not sock.exists()  # removed at stop
+
+
+def test_a_bad_post_gets_one_answer_and_the_connection_goes_on(agent: Running) -> None:
+    with socket.create_connection(("127.0.0.1", agent.http_port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+            b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        time.sleep(0.5)
+        data = sock.recv(65536).decode()
+    assert data.count("HTTP/1.1 ") == 2, data  # one answer per request, in order
+    assert data.startswith("HTTP/1.1 404") and "HTTP/1.1 200" in data
+    with socket.create_connection(("127.0.0.1", agent.http_port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /nowhere HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        )
+        time.sleep(0.5)
+        data = sock.recv(65536).decode()
+    assert data.count("HTTP/1.1 ") == 1 and data.startswith("HTTP/1.1 411"), data
+
+
+def test_ready_then_watchdog_pings_at_half_the_interval(agent: Running) -> None:
+    ready = agent.wait_message("READY=1")
+    assert any(line.startswith("STATUS=serving digits-light") for _, line in agent.messages)
+    time.sleep(1.2)
+    pings = [at for at, line in agent.messages if line == "WATCHDOG=1" and at > ready]
+    # WATCHDOG_USEC=400000: one ping every 0.2 s
+    assert 4 <= len(pings) <= 8, pings
+    gaps = np.diff(pings)
+    assert gaps.max() < 0.35, gaps
+    assert agent.stop() == 0
+    assert any(line == "STOPPING=1" for _, line in agent.messages)
+
+
+def test_stock_tritonclient_gets_the_agents_answers(agent: Running) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from edge_agent.runtime import RuntimeOptions, open_best
+
+    x = light_rows()
+    _, session = open_best(LIGHT, RuntimeOptions(threads=1), precisions=("int8", "fp32"),
+                           formats=("tflite", "onnx"))  # fmt: skip
+    expected = session.run({"pixels": x})["probabilities"]
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("digits-light")
+    metadata = client.get_model_metadata("digits-light")
+    assert metadata["inputs"][0]["name"] == "pixels"
+    inputs = httpclient.InferInput("pixels", list(x.shape), "FP32")
+    inputs.set_data_from_numpy(x, binary_data=True)
+    result = client.infer("digits-light", [inputs], headers={"X-Request-Id": "req-http-1"})
+    assert np.allclose(result.as_numpy("probabilities"), expected, atol=1e-6)
+    parameters = result.get_response()["parameters"]
+    assert parameters["edge_where"] == "device" and parameters["edge_model"] == "digits-light"
+    assert parameters["request_id"] == "req-http-1"
+
+    gclient = grpcclient.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
+    assert gclient.is_server_ready() and gclient.is_model_ready("digits-light")
+    ginputs = grpcclient.InferInput("pixels", list(x.shape), "FP32")
+    ginputs.set_data_from_numpy(x)
+    gresult = gclient.infer("digits-light", [ginputs], headers={"x-edge-label": "public"})
+    assert np.allclose(gresult.as_numpy("probabilities"), expected, atol=1e-6)
+    gparams = gresult.get_response().parameters
+    assert gparams["edge_action"].string_param == "LOCAL"
+    assert gparams["edge_where"].string_param == "device"
+    # errors are statuses, not tracebacks
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        gclient.infer("nope", [ginputs])
+    with pytest.raises(InferenceServerException, match="unknown label"):
+        client.infer("digits-light", [inputs], headers={"X-Edge-Label": "secret"})
+    status, body = agent.post_json("/v2/models/digits-light/infer", {"inputs": 5})
+    assert status == 400 and "inputs" in body["error"]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def test_metrics_and_json_logs_with_request_ids(agent: Running) -> None:
+    x = light_rows(1)
+    document = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+    for index in range(5):
+        status, _ = agent.post_json(
+            "/v2/models/digits-light/infer", document, {"X-Request-Id": f"req-{index}"}
+        )
+        assert status == 200
+    status, body = agent.get("/metrics")
+    text = body.decode()
+    assert status == 200
+    assert (metric_value(text, "edge_agent_requests_total", model="digits-light") or 0) >= 5
+    assert (metric_value(text, "edge_agent_request_seconds_count", where="device") or 0) >= 5
+    assert metric_value(text, "edge_agent_temperature_celsius", zone="cpu") == 50.0
+    assert metric_value(text, "edge_agent_power_mode", mode="balanced") == 1.0
+    assert metric_value(text, "edge_agent_thermal_level", level="normal") == 1.0
+    assert metric_value(text, "edge_agent_model_loaded", model="digits-light", version="1") == 1.0
+    logs = agent.logs()
+    assert logs and all({"time", "level", "logger", "message"} <= set(entry) for entry in logs)
+    assert any("ready in" in entry["message"] for entry in logs)
+
+
+def test_the_thermal_loop_steps_down_and_back_up(agent: Running) -> None:
+    temp = agent.root / "sys/class/thermal/thermal_zone0/temp"
+    governor = agent.root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+    max_freq = agent.root / "sys/devices/system/cpu/cpu0/cpufreq/scaling_max_freq"
+
+    def level() -> str:
+        text = agent.get("/metrics")[1].decode()
+        for name in ("normal", "hot", "critical"):
+            if metric_value(text, "edge_agent_thermal_level", level=name) == 1.0:
+                return name
+        return "?"
+
+    def wait(condition: Any, what: str) -> None:
+        end = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < end, what
+            time.sleep(0.05)
+
+    assert governor.read_text().strip() == "ondemand"  # balanced, applied at start
+    temp.write_text("82000\n")
+    wait(lambda: level() == "hot" and max_freq.read_text().strip() == "1500000", "step down")
+    temp.write_text("86000\n")
+    wait(lambda: level() == "critical", "critical")
+    x = light_rows(1)
+    document = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+    status, body = agent.post_json("/v2/models/digits-light/infer", document)
+    assert status in (403, 503) and "critical" in json.dumps(body)  # no local work, no gateway
+    temp.write_text("60000\n")
+    wait(lambda: level() == "normal", "cool down")
+    wait(
+        lambda: metric_value(agent.get("/metrics")[1].decode(), "edge_agent_power_mode",
+                             mode="balanced") == 1.0,
+        "back to balanced",
+    )  # fmt: skip
+    assert agent.post_json("/v2/models/digits-light/infer", document)[0] == 200
+
+
+def test_sighup_reloads_a_good_config_and_refuses_a_broken_one(agent: Running) -> None:
+    x = light_rows(1)
+    document = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+    status, body = agent.post_json("/v2/models/digits-light/infer", document)
+    assert status == 200
+    policy = agent.config.parent / "policy.toml"
+    policy.write_text('version = 1\n[models.digits-light]\nplacement = "cloud"\n')
+    agent.config.write_text(agent.config.read_text().replace(
+        'device_id = "cam-01"', f'device_id = "cam-01"\npolicy = "{policy}"'))  # fmt: skip
+    before = len(agent.messages)
+    agent.process.send_signal(signal.SIGHUP)
+    agent.wait_message("RELOADING=1", after=before)
+    agent.wait_message("READY=1", after=before)
+    status, body = agent.post_json("/v2/models/digits-light/infer", document)
+    assert status == 403, body  # cloud only now, and no gateway: refused
+    good = agent.config.read_text()
+    agent.config.write_text(good + "\n[api\nbroken")
+    before = len(agent.messages)
+    agent.process.send_signal(signal.SIGHUP)
+    agent.wait_message("READY=1", after=before)
+    assert any("reload refused" in entry["message"] for entry in agent.logs())
+    status, _ = agent.post_json("/v2/models/digits-light/infer", document)
+    assert status == 403  # still the good one
+    # a policy that is not even text
+    agent.config.write_text(good)
+    policy.write_bytes(b"\xff\xfe\x00garbage")
+    before = len(agent.messages)
+    agent.process.send_signal(signal.SIGHUP)
+    agent.wait_message("READY=1", after=before)
+    end = time.monotonic() + 5
+    while sum("reload refused" in e["message"] for e in agent.logs()) < 2:
+        assert time.monotonic() < end, "no second 'reload refused' in the log"
+        time.sleep(0.05)
+    assert agent.post_json("/v2/models/digits-light/infer", document)[0] == 403
+    assert agent.process.poll() is None
+
+
+class SilentGateway:
+    """Accepts HTTP requests, records their headers, answers after ``delay`` with 503."""
+
+    def __init__(self, delay: float) -> None:
+        headers: list[dict[str, str]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                headers.append(dict(self.headers))
+                time.sleep(delay)
+                self.send_response(503)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.headers = headers
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_sigterm_during_a_burst_answers_every_accepted_request(tmp_path: Path) -> None:
+    gateway = SilentGateway(delay=0.4)
+    token = tmp_path / "device.token"
+    token.write_text("cam-01.token\n")
+    token.chmod(0o600)
+    extra = (f'[gateway]\nprotocol = "http"\naddress = "127.0.0.1:{gateway.port}"\n'
+             f'token_file = "{token}"\nretries = 0\n')  # fmt: skip
+    running = start_agent(tmp_path, extra)
+    try:
+        running.wait_message("READY=1")
+        x = light_rows(1)
+        document = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                                "data": x.ravel().tolist()}], "parameters": {"timeout": 2_000_000}}  # fmt: skip
+        results: list[Any] = []
+
+        def call(index: int) -> None:
+            try:
+                results.append(running.post_json(
+                    "/v2/models/digits-heavy/infer", document, {"X-Request-Id": f"burst-{index}"}
+                ))  # fmt: skip
+            except ConnectionRefusedError as exc:  # after the stop: nothing listens
+                results.append(("refused", str(exc)))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 5
+        while len(gateway.headers) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        in_flight = len(gateway.headers)
+        assert in_flight >= 8  # in flight, at the "gateway"
+        running.process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(30)
+        assert running.process.wait(30) == 0
+        # every accepted request was answered (the stand-in answered when the cloud
+        # failed); a connection that came after the stop was refused, not dropped
+        assert len(results) == 12
+        accepted = [body for status, body in results if status == 200]
+        assert len(accepted) >= in_flight
+        # the others were told (503: stopping) or found nothing listening
+        assert all(status in (200, 503, "refused") for status, _ in results), results
+        assert all(body["parameters"]["edge_degraded"] for body in accepted)
+        # and the request id travelled to the gateway
+        sent = {h.get("x-request-id") or h.get("X-Request-Id") for h in gateway.headers}
+        assert sent == {body["parameters"]["request_id"] for body in accepted}
+        assert sent <= {f"burst-{i}" for i in range(12)}
+        # after the stop: nothing listens
+        with pytest.raises(ConnectionRefusedError):
+            running.post_json("/v2/models/digits-light/infer", document)
+        messages = [line for _, line in running.messages]
+        assert "STOPPING=1" in messages
+        # the JSON log lines written while serving a request carry its id
+        ids = {entry.get("request_id") for entry in running.logs()}
+        assert {body["parameters"]["request_id"] for body in accepted} <= ids
+    finally:
+        running.stop()
+        gateway.close()
