@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_agent.bench.report import free_port
+from edge_agent.bench.report import free_port, stop_process
 from edge_agent.package import ModelRepository
 
 from .conftest import MODELS, ROOT, make_root
@@ -101,15 +101,9 @@ class Running:
         return response.status, json.loads(response.read())
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        status = stop_process(self.process, 30)
         self.notify.close()
-        return self.process.returncode
+        return status
 
 
 def light_repository(tmp: Path) -> Path:

@@ -62,7 +62,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edge_agent.bench.report import free_port, render_table  # noqa: E402
+from edge_agent.bench.report import free_port, render_table, stop_process  # noqa: E402
 from edge_agent.package import ModelPackage, ModelRepository  # noqa: E402
 from edge_agent.protocol.rest import (  # noqa: E402
     HEADER_LENGTH,
@@ -207,14 +207,7 @@ class Processes:
         process = self.running.pop(name, None)
         if process is None:
             return None
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return process.returncode
+        return stop_process(process, timeout)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.running)):

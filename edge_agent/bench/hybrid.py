@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.agent import DEFAULT_POLICY, Agent
-from edge_agent.bench.report import free_port, machine_info, render_table
+from edge_agent.bench.report import free_port, machine_info, render_table, stop_process
 from edge_agent.offload import ExitGuard, OffloadClient, make_transport
 from edge_agent.offload.breaker import CircuitBreaker
 from edge_agent.package import ModelRepository
@@ -96,12 +96,7 @@ def gateway_process(
             "http": f"127.0.0.1:{http_port}",
         }
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_process(process)
         if process.stderr is not None:
             process.stderr.close()
 

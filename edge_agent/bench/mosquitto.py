@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_agent.bench.report import free_port
+from edge_agent.bench.report import free_port, stop_process
 from edge_agent.errors import EdgeError
 
 __all__ = ["Mosquitto"]
@@ -81,12 +81,7 @@ class Mosquitto:
         """A clean stop (SIGTERM): the broker saves its store, as a service restart does."""
         if self.process is None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
         self.process = None
 
     def reload(self) -> None:

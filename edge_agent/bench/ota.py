@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.bench.report import free_port, machine_info, render_table
+from edge_agent.bench.report import free_port, machine_info, render_table, stop_process
 
 __all__ = ["format_ota", "run_ota"]
 
@@ -169,8 +169,7 @@ def run_ota(sizes: tuple[int, ...] = (50, 200)) -> dict[str, Any]:
                     check=True, capture_output=True,
                 )  # fmt: skip
         finally:
-            process.terminate()
-            process.wait(10)
+            stop_process(process)
     growth = [s["install_peak_rss_increase_mb"] for s in report["sizes"]]
     report["summary"] = {
         "min_install_mb_s": min(s["install_mb_s"] for s in report["sizes"]),

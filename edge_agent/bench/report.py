@@ -7,6 +7,7 @@ import os
 import platform
 import resource
 import socket
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,22 @@ __all__ = [
     "peak_rss_mb",
     "percentiles_ms",
     "render_table",
+    "stop_process",
     "write_json",
 ]
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 10.0) -> int:
+    """Stop a child process as a service manager would: SIGTERM, then SIGKILL after
+    ``timeout`` seconds; its exit status."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
 
 
 def free_port() -> int:

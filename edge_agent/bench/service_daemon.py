@@ -9,7 +9,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import edge_agent
-from edge_agent.bench.report import free_port
+from edge_agent.bench.report import free_port, stop_process
 from edge_agent.errors import EdgeError
 from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from edge_agent.protocol.types import InferRequest
@@ -193,13 +192,7 @@ class RunningDaemon:
         return out
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 30)
         self._notify.close()
         self.notify_path.unlink(missing_ok=True)
 

@@ -14,6 +14,7 @@ responses) and the client side (encode requests, decode responses).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -207,6 +208,25 @@ def _json_values(array: Array, datatype: str) -> list[Any]:
     return flat
 
 
+def _tensors(
+    arrays: dict[str, Array], datatypes: dict[str, str], binary: Callable[[str], bool]
+) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The body's tensor entries, and the binary data that follows the JSON header."""
+    entries = []
+    blobs = []
+    for name, array in arrays.items():
+        datatype = datatypes.get(name) or datatype_of(array.dtype)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary(name):
+            blob = array_to_bytes(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_values(array, datatype)
+        entries.append(entry)
+    return entries, blobs
+
+
 def encode_infer_response(
     response: InferResponse, request: InferRequest
 ) -> tuple[bytes, int | None]:
@@ -221,18 +241,7 @@ def encode_infer_response(
             for o in request.outputs
             if (o.binary_data if o.binary_data is not None else request.binary_output)
         }
-    entries = []
-    blobs = []
-    for name, array in response.outputs.items():
-        datatype = datatype_of(array.dtype)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if name in binary_names:
-            blob = array_to_bytes(array, datatype)
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = _json_values(array, datatype)
-        entries.append(entry)
+    entries, blobs = _tensors(response.outputs, {}, lambda name: name in binary_names)
     document: dict[str, Any] = {
         "model_name": response.model_name,
         "model_version": response.model_version,
@@ -250,18 +259,7 @@ def encode_infer_response(
 
 def encode_infer_request(request: InferRequest, *, binary: bool = True) -> tuple[bytes, int | None]:
     """An infer request body (client side); tensors as binary data unless ``binary`` is off."""
-    entries = []
-    blobs = []
-    for name, array in request.inputs.items():
-        datatype = request.datatypes.get(name) or datatype_of(array.dtype)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary:
-            blob = array_to_bytes(array, datatype)
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = _json_values(array, datatype)
-        entries.append(entry)
+    entries, blobs = _tensors(request.inputs, request.datatypes, lambda name: binary)
     document: dict[str, Any] = {"inputs": entries}
     if request.id:
         document["id"] = request.id

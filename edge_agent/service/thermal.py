@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from edge_agent.profiles.power import apply_plan, plan_power_mode, read_temperatures
 from edge_agent.profiles.schema import DeviceProfile, ThermalZone
-from edge_agent.profiles.state import DeviceState, read_device_state
+from edge_agent.profiles.state import DeviceState, read_cpu_load, read_device_state
 
 __all__ = ["LEVELS", "Level", "ThermalController"]
 
@@ -151,14 +151,23 @@ class ThermalController:
         return listener
 
     def state(self) -> DeviceState:
-        """The device's state for the policy: the load and temperatures as
-        :func:`read_device_state` reads them now, with ``throttled`` and
-        ``critical`` from the controller's level (with its hysteresis)."""
+        """The device's state for the policy (asked for on every request): the
+        temperatures of the last step (read now only before the first one), the
+        load read now, and ``throttled`` and ``critical`` from the controller's
+        level (with its hysteresis)."""
         level = self.level
-        return replace(
-            read_device_state(self.profile, self.root),
+        temperatures = self.temperatures
+        if not temperatures:
+            return replace(
+                read_device_state(self.profile, self.root),
+                throttled=level in ("hot", "critical"),
+                critical=level == "critical",
+            )
+        return DeviceState(
             throttled=level in ("hot", "critical"),
             critical=level == "critical",
+            cpu_load=read_cpu_load(self.root),
+            temperatures=tuple(temperatures.items()),
         )
 
     # -- one iteration -------------------------------------------------------------------------
