@@ -32,10 +32,10 @@ fetch-models: venv
 test: venv broker fetch-models
 	$(PY) -m pytest
 
-# A gateway and an agent on loopback: every policy decision, an update over the air, the
-# gateway stopped. MQTT joins when mosquitto is installed (`make demo DEMO_FLAGS=--no-mqtt`: not).
+# The sample models (each variant's answer and latency), then a gateway and an agent on
+# loopback: every policy decision, an update over the air, the gateway stopped. MQTT joins when mosquitto is installed (`make demo DEMO_FLAGS=--no-mqtt`: not).
 demo: venv fetch-models
-	$(PY) tools/demo.py $(DEMO_FLAGS)
+	$(PY) -m tools.demo $(DEMO_FLAGS)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -106,7 +106,10 @@ class Variant:
 class ImagePreprocessing:
     """How an image file becomes the model's input tensor.
 
-    The image is decoded, converted to ``color``, resized to ``size``
+    The image is decoded, converted to ``color``, cropped when ``fit`` is
+    ``box`` (to the square around what is brighter than the background, the
+    thing centred in it: how data sets of drawn symbols such as digits were
+    normalized), resized to ``size``
     (height, width; ``None`` keeps the image's size rounded to ``multiple_of``),
     its 0..255 values mapped linearly onto ``value_range``, then normalized
     per channel with ``mean`` and ``std`` when given, and laid out as
@@ -122,6 +125,7 @@ class ImagePreprocessing:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     layout: str = "NHWC"
+    fit: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -140,6 +144,8 @@ class ImagePreprocessing:
             out["mean"] = list(self.mean)
         if self.std is not None:
             out["std"] = list(self.std)
+        if self.fit != "none":
+            out["fit"] = self.fit
         return out
 
 
@@ -346,6 +352,7 @@ def _preprocessing(fields: Fields, inputs: tuple[TensorSpec, ...]) -> ImagePrepr
         mean=tuple(mean) if mean is not None else None,
         std=tuple(std) if std is not None else None,
         layout=fields.string("layout", "NHWC", choices=["NHWC", "NCHW", "NF"]),
+        fit=fields.string("fit", "none", choices=["none", "box"]),
     )
     fields.done()
     return pre

@@ -45,6 +45,26 @@ def _round_to(value: int, multiple: int) -> int:
     return max(multiple, round(value / multiple) * multiple)
 
 
+def _fit_box(pixels: Array) -> Array:
+    """The smallest square around what stands out from the (dark) background, the
+    thing centred in it; the whole picture when nothing does."""
+    brightness = pixels.max(axis=2)
+    threshold = int(brightness.min()) + (int(brightness.max()) - int(brightness.min())) // 8
+    rows = np.flatnonzero((brightness > threshold).any(axis=1))
+    cols = np.flatnonzero((brightness > threshold).any(axis=0))
+    if rows.size == 0:
+        return pixels
+    if rows[-1] - rows[0] >= 0.85 * pixels.shape[0] or cols[-1] - cols[0] >= 0.85 * pixels.shape[1]:
+        return pixels  # it fills the frame already: a crop would only move it
+    crop = pixels[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    height, width = crop.shape[:2]
+    side = max(height, width)
+    square = np.full((side, side, pixels.shape[2]), brightness.min(), dtype=pixels.dtype)
+    top, left = (side - height) // 2, (side - width) // 2
+    square[top : top + height, left : left + width] = crop
+    return square
+
+
 def image_to_tensor(image: Array, pre: ImagePreprocessing) -> Array:
     """A BGR ``uint8`` image -> a batch of one input tensor (``float32``)."""
     cv2 = _cv2()
@@ -54,6 +74,8 @@ def image_to_tensor(image: Array, pre: ImagePreprocessing) -> Array:
         pixels = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     else:
         pixels = image
+    if pre.fit == "box":
+        pixels = _fit_box(pixels)
     height, width = pixels.shape[:2]
     if pre.size is not None:
         target = pre.size

@@ -6,9 +6,19 @@ wire. A dimension of ``-1`` is dynamic.
 
 Validation happens before any runtime sees the data, and every refusal names
 the input, what came and what was expected. A dtype is accepted when NumPy
-can cast it to the expected one without changing its kind for the worse
-(NumPy's ``same_kind`` rule: ``float64`` to ``float32`` and integers to floats
-are accepted; floats to integers, signed to unsigned and strings are refused).
+can cast it to the expected one without losing anything (NumPy's ``safe``
+rule: ``uint8`` to ``float32``, ``int8`` to ``int32``), and in three cases a
+user expects, decided by the values themselves:
+
+- floats to a narrower float (``float64`` to ``FP32``/``FP16``) when every
+  value is finite and within the target's range (rounding is expected, an
+  ``inf`` is not);
+- integers to a float input when every value is represented exactly;
+- Python integers (lists and scalars, as JSON gives them) to an integer input
+  when every value fits the target's range.
+
+Everything else is refused: floats to integers, ``int64``/``uint64`` arrays to
+a narrower integer, signed to unsigned, strings, ragged lists.
 """
 
 from __future__ import annotations
@@ -129,27 +139,20 @@ def validate_inputs(
 ) -> dict[str, np.ndarray[Any, Any]]:
     """Check ``inputs`` against ``specs``; return them as arrays of the expected dtypes.
 
-    Array-likes (lists, scalars) are converted with ``np.asarray`` first.
+    Array-likes (lists, scalars) are converted with ``np.asarray`` first;
+    which dtypes are converted is in the module docstring.
 
     Raises:
-        InputError: an unknown or missing input name, a wrong rank or shape,
-            or a dtype that cannot be cast safely; the message names the
-            input, what came and what was expected.
+        InputError: an unknown or missing input name, a ragged list, a wrong
+            rank or shape, or a dtype that cannot be cast safely (or values
+            that do not survive the cast); the message names the input, what
+            came and what was expected.
     """
     if len(inputs) != len(specs) or any(spec.name not in inputs for spec in specs):
         _raise_name_mismatch(specs, inputs)
     checked: dict[str, np.ndarray[Any, Any]] = {}
     for spec in specs:
-        value = inputs[spec.name]
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        if array.dtype != spec.dtype:
-            if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
-                raise InputError(
-                    f"input {spec.name!r}: datatype {_describe_dtype(array.dtype)} cannot be "
-                    f"converted safely to the expected {spec.datatype}",
-                    input_name=spec.name,
-                )
-            array = array.astype(spec.dtype)
+        array = _convert(spec, inputs[spec.name])
         if not spec.accepts_shape(array.shape):
             what = "rank" if array.ndim != len(spec.shape) else "shape"
             raise InputError(
@@ -159,6 +162,67 @@ def validate_inputs(
             )
         checked[spec.name] = array
     return checked
+
+
+def _convert(spec: TensorSpec, value: Any) -> np.ndarray[Any, Any]:
+    """``value`` as an array of ``spec.dtype``, or an :class:`InputError` saying why not."""
+    if isinstance(value, np.ndarray):
+        array, from_python = value, False
+    else:
+        try:
+            array = np.asarray(value)
+        except ValueError as exc:
+            # a ragged list ([[1, 2], [3]]): NumPy cannot make one array of it
+            raise InputError(
+                f"input {spec.name!r}: not a regular array (rows of different lengths?); "
+                f"expected {spec.datatype} values of shape {format_shape(spec.shape)}",
+                input_name=spec.name,
+            ) from exc
+        from_python = True
+    if array.dtype == spec.dtype:
+        return array
+    if np.can_cast(array.dtype, spec.dtype, casting="safe") or (
+        array.size == 0 and array.dtype.kind in "biuf"
+    ):
+        return array.astype(spec.dtype)
+    problem = _unsafe_cast_problem(array, spec.dtype, from_python)
+    if problem is None:
+        return array.astype(spec.dtype)
+    raise InputError(
+        f"input {spec.name!r}: datatype {_describe_dtype(array.dtype)} cannot be "
+        f"converted safely to the expected {spec.datatype}{problem}",
+        input_name=spec.name,
+    )
+
+
+def _unsafe_cast_problem(
+    array: np.ndarray[Any, Any], target: np.dtype[Any], from_python: bool
+) -> str | None:
+    """``None`` when a cast NumPy calls unsafe is safe for these values (the module
+    docstring lists the cases); else what goes wrong, as the end of a message
+    (``''`` when the dtypes alone rule it out)."""
+    kind, name = array.dtype.kind, _describe_dtype(target)
+    if kind == "f" and target.kind == "f":
+        if not np.isfinite(array).all():
+            return ": a value is not finite (nan or inf)"
+        limit = float(np.finfo(target).max)
+        largest = float(np.abs(array).max())
+        if largest > limit:
+            return f": a value of magnitude {largest:g} is beyond {name}'s range (±{limit:g})"
+        return None
+    if kind in "iu" and target.kind == "f":
+        with np.errstate(invalid="ignore", over="ignore"):  # too large: refused just below
+            back = array.astype(target).astype(array.dtype)
+        if np.array_equal(back, array):
+            return None
+        return f": a value is too large to be represented exactly in {name}"
+    if kind in "iu" and target.kind in "iu" and from_python:
+        info = np.iinfo(target)
+        low, high = int(array.min()), int(array.max())
+        if info.min <= low and high <= info.max:
+            return None
+        return f": values from {low} to {high} do not fit {name} ({info.min} to {info.max})"
+    return ""
 
 
 def _describe_dtype(dtype: np.dtype[Any]) -> str:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_agent.cli import run_command
 from edge_agent.package import ModelRepository
 
 from .conftest import make_root
@@ -300,3 +302,80 @@ def test_infer_with_a_gateway_config_escalates(gateway, tmp_path: Path) -> None:
     assert data["where"] == "cloud" and data["escalated"] and data["model"] == "digits-heavy"
     assert data["decision"] == "OFFLOAD_REDACTED" and data["reason"] == "low_confidence"
     assert data["label"] == "personal"
+
+
+def _boom(args: argparse.Namespace) -> int:
+    raise RuntimeError("the disk fell off")
+
+
+def test_an_unexpected_error_is_one_line_without_debug(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = argparse.Namespace(command="profile", debug=False, run=_boom)
+    assert run_command(args) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "edge-agent: error: profile failed unexpectedly: RuntimeError: the disk fell off "
+        "(run with --debug for the traceback)"
+    ]
+    assert run_command(argparse.Namespace(command="profile", debug=True, run=_boom)) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "the disk fell off" in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`edge-agent profile show raspberry-pi-5 | head -1`: no BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "profile", "show", "raspberry-pi-5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the command writes: its every write hits a closed pipe
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert stderr == ""
+
+
+def test_profile_detect_under_a_missing_root_fails(tmp_path: Path) -> None:
+    assert_one_line_error(
+        cli("profile", "detect", "--root", str(tmp_path / "nonexistent")),
+        f"cannot detect the device under {tmp_path / 'nonexistent'}: the root does not exist",
+    )
+
+
+def test_profile_detect_under_a_device_tree_alone_is_the_board(tmp_path: Path) -> None:
+    (tmp_path / "proc/device-tree").mkdir(parents=True)
+    (tmp_path / "proc/device-tree/model").write_bytes(b"Raspberry Pi 5 Model B Rev 1.0\x00")
+    data = json.loads(cli("profile", "detect", "--root", str(tmp_path), check=True).stdout)
+    assert data["profile"] == "raspberry-pi-5" and data["arch"] == "aarch64"
+
+
+def test_a_missing_model_folder_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    assert_one_line_error(
+        cli("models", "list", "--model-dir", str(missing)),
+        f"model folder {missing} does not exist",
+    )
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((1, 64), np.float32))
+    for variant in ([], ["--variant", "onnx-fp32"]):
+        assert_one_line_error(
+            cli(
+                "infer",
+                "--model",
+                "digits-light",
+                "--model-dir",
+                str(missing),
+                "--profile",
+                "generic-x86_64",
+                "--input",
+                str(npy),
+                *variant,
+            ),
+            f"model folder {missing} does not exist",
+        )
+    (tmp_path / "empty").mkdir()
+    assert cli("models", "list", "--model-dir", str(tmp_path / "empty"), check=True).stdout == (
+        f"no models in {tmp_path / 'empty'}\n"
+    )

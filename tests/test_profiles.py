@@ -132,6 +132,52 @@ def test_facts_are_read_under_the_root(tmp_path: Path) -> None:
     assert facts.memory_mb == 7812
 
 
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"proc/device-tree/model": b"Raspberry Pi 5 Model B Rev 1.0\x00"}, "raspberry-pi-5"),
+        (
+            {
+                "proc/device-tree/model": b"NVIDIA Jetson Orin Nano Developer Kit\x00",
+                "etc/nv_tegra_release": b"# R36 (release), REVISION: 3.0\n",
+            },
+            "jetson-orin-nano",
+        ),
+        ({"proc/device-tree/model": b"Pine64 RockPro64\x00"}, "generic-arm64"),
+    ],
+)
+def test_a_root_without_cpuinfo_never_takes_the_hosts_architecture(
+    profiles: ProfileStore, tmp_path: Path, files: dict[str, bytes], expected: str
+) -> None:
+    """A device tree (or L4T) alone means an ARM board, whatever this machine is."""
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(content)
+    detection = detect_profile(list(profiles), tmp_path)
+    assert detection.facts.arch == "aarch64"
+    assert detection.profile.id == expected
+
+
+def test_a_root_that_tells_nothing_is_an_error(profiles: ProfileStore, tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    with pytest.raises(ProfileError, match=r"cannot tell the architecture of the device under "):
+        detect_profile(list(profiles), tmp_path)
+
+
+def test_a_missing_root_is_an_error(profiles: ProfileStore, tmp_path: Path) -> None:
+    with pytest.raises(
+        ProfileError, match=r"cannot detect the device under .*/nope: the root does not exist"
+    ):
+        detect_profile(list(profiles), tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ProfileError, match=r"the root is not a directory"):
+        read_facts(tmp_path / "file")
+
+
+def test_this_machines_root_still_detects_something(profiles: ProfileStore) -> None:
+    assert detect_profile(list(profiles), Path("/")).facts.arch in ("x86_64", "aarch64")
+
+
 def write_profile(tmp_path: Path, text: str, name: str = "raspberry-pi-5") -> Path:
     path = tmp_path / f"{name}.toml"
     path.write_text(text)

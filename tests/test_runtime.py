@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from edge_agent.errors import (
+    ConfigError,
     InferenceError,
     InputError,
     ModelLoadError,
@@ -283,3 +284,13 @@ def test_open_best_falls_back_when_a_variant_cannot_load(
     only_broken = ModelPackage(**{**vars(package), "variants": (broken,)})
     with pytest.raises(NoVariantError, match="could be loaded: tflite-int8"):
         open_best(only_broken, OPTIONS, precisions=("int8",), formats=("tflite",))
+
+
+def test_an_unknown_graph_optimization_level_is_a_config_error() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"RuntimeOptions.graph_optimization: expected one of 'disable', 'basic', "
+        r"'extended', 'all', got 'max'",
+    ):
+        RuntimeOptions(graph_optimization="max")
+    assert RuntimeOptions(graph_optimization="basic").graph_optimization == "basic"

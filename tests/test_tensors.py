@@ -98,3 +98,90 @@ def test_datatype_names_round_trip() -> None:
     with pytest.raises(ValueError, match="unknown datatype 'FLOAT'"):
         numpy_dtype("FLOAT")
     assert format_shape((-1, 3)) == "[?, 3]"
+
+
+INT8 = (TensorSpec("codes", "INT8", (-1,)),)
+FP16 = (TensorSpec("x", "FP16", (-1,)),)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        # NumPy's same_kind would wrap these to [44, 24] and accept any uint64
+        (
+            np.array([300, -1000], np.int64),
+            r"input 'codes': datatype INT64 cannot be converted safely to the expected INT8$",
+        ),
+        (
+            np.array([1, 2], np.uint64),
+            r"input 'codes': datatype UINT64 cannot be converted safely to the expected INT8$",
+        ),
+        (
+            [300, -1000],
+            r"input 'codes': datatype INT64 cannot be converted safely to the expected INT8: "
+            r"values from -1000 to 300 do not fit INT8 \(-128 to 127\)",
+        ),
+        ([1.5, 2.0], r"datatype FP64 cannot be converted safely to the expected INT8"),
+    ],
+)
+def test_integers_that_would_wrap_are_refused(value: object, message: str) -> None:
+    with pytest.raises(InputError, match=message) as info:
+        validate_inputs(INT8, {"codes": value})
+    assert info.value.input_name == "codes"
+
+
+def test_python_integers_that_fit_are_accepted() -> None:
+    """JSON gives Python ints (int64 to NumPy): accepted where every value fits."""
+    checked = validate_inputs(INT8, {"codes": [-128, 0, 127]})["codes"]
+    assert checked.dtype == np.int8
+    assert checked.tolist() == [-128, 0, 127]
+
+
+def test_a_narrower_int_array_is_widened() -> None:
+    specs = (TensorSpec("c", "INT32", (-1,)),)
+    checked = validate_inputs(specs, {"c": np.array([-5], np.int8)})
+    assert checked["c"].dtype == np.int32 and checked["c"].tolist() == [-5]
+
+
+def test_float64_into_fp16_must_stay_finite_and_in_range() -> None:
+    checked = validate_inputs(FP16, {"x": np.array([0.5, -60000.0])})["x"]
+    assert checked.dtype == np.float16
+    assert checked.tolist() == [0.5, -60000.0]
+    with pytest.raises(
+        InputError,
+        match=r"input 'x': datatype FP64 cannot be converted safely to the expected FP16: "
+        r"a value of magnitude 1e\+10 is beyond FP16's range \(±65504\)",
+    ):
+        validate_inputs(FP16, {"x": np.array([1.0, 1e10])})
+    with pytest.raises(InputError, match=r"input 'x': .* FP16: a value is not finite"):
+        validate_inputs(FP16, {"x": [1.0, float("nan")]})
+
+
+def test_float64_into_fp32_rounds_but_refuses_overflow() -> None:
+    checked = validate_inputs(SPECS, {**good(), "pixels": np.full((1, 64), 0.1)})["pixels"]
+    assert checked.dtype == np.float32 and checked[0, 0] == np.float32(0.1)
+    with pytest.raises(InputError, match=r"input 'pixels': .* beyond FP32's range"):
+        validate_inputs(SPECS, {**good(), "pixels": np.full((1, 64), 1e300)})
+
+
+def test_integers_into_a_float_input_must_be_exact() -> None:
+    checked = validate_inputs(SPECS, {**good(), "pixels": [list(range(64))]})["pixels"]
+    assert checked.dtype == np.float32 and checked[0, 63] == 63.0
+    with pytest.raises(
+        InputError,
+        match=r"input 'pixels': datatype INT64 cannot be converted safely to the expected FP32: "
+        r"a value is too large to be represented exactly in FP32",
+    ):
+        validate_inputs(SPECS, {**good(), "pixels": np.full((1, 64), 2**24 + 1, np.int64)})
+    with pytest.raises(InputError, match=r"too large to be represented exactly in FP32"):
+        validate_inputs(SPECS, {**good(), "pixels": np.full((1, 64), 2**63 - 1, np.int64)})
+
+
+def test_a_ragged_list_is_an_input_error() -> None:
+    with pytest.raises(
+        InputError,
+        match=r"input 'codes': not a regular array \(rows of different lengths\?\); "
+        r"expected INT8 values of shape \[\?\]",
+    ) as info:
+        validate_inputs(INT8, {"codes": [[1, 2], [3]]})
+    assert info.value.input_name == "codes"

@@ -430,6 +430,7 @@ def write_package(
             interpolation="area",
             value_range=(0.0, 16.0),
             layout="NF",
+            fit="box",
         ),
         golden_file="golden.npz",
         evaluation_file="heldout.npz",

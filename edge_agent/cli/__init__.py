@@ -2,13 +2,17 @@
 
 Every command prints its result on stdout (JSON where a program will read
 it, a table where a person will) and exits 0; errors exit non-zero with one
-line on stderr, and a traceback only with ``--debug``.
+line on stderr, and a traceback only with ``--debug`` -- an unexpected
+exception too (a bug: it says so, and how to see the traceback). A reader that
+goes away early (``edge-agent profile show NAME | head -1``) ends the command
+quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -25,7 +29,7 @@ from edge_agent.cli import (
 )
 from edge_agent.errors import EdgeError
 
-__all__ = ["main"]
+__all__ = ["main", "run_command"]
 
 PROG = "edge-agent"
 
@@ -60,8 +64,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler], force=True
     )
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command (``args.run``); turn what it raises into an exit status.
+
+    Errors of the package print one line; anything else is a bug and prints
+    one line that says so (the traceback with ``--debug``); a closed stdout
+    pipe ends the command quietly.
+    """
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        # Flush here, not at exit, so that a closed pipe is caught below.
+        sys.stdout.flush()
+        return code
     except EdgeError as exc:
         if args.debug:
             traceback.print_exc()
@@ -69,3 +86,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`edge-agent ... | head -1`): not an error of ours.
+        # Point stdout at devnull so that the interpreter's final flush does not
+        # fail again and print a traceback on the way out.
+        _silence_stdout()
+        return 1  # as Python's own recipe does: the output was cut short
+    except Exception as exc:  # the last resort: a bug, told in one line
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"{PROG}: error: {getattr(args, 'command', PROG)} failed unexpectedly: "
+            f"{type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a real file (tests capture it): nothing to flush later
+    finally:
+        os.close(devnull)

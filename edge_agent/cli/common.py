@@ -19,6 +19,7 @@ __all__ = [
     "add_model_dir",
     "add_profiles_dir",
     "agent_settings",
+    "existing_model_dir",
     "print_json",
     "resolve_profile",
 ]
@@ -35,6 +36,19 @@ def add_model_dir(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"model repository (default: {default_model_dir()})",
     )
+
+
+def existing_model_dir(path: Path) -> Path:
+    """``path``, checked: a command that reads models from a folder that is not
+    there would only say that it found none.
+
+    Raises:
+        CliError: ``path`` does not exist or is not a folder.
+    """
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise CliError(f"model folder {path} {what}")
+    return path
 
 
 def add_profiles_dir(parser: argparse.ArgumentParser) -> None:
@@ -66,10 +80,16 @@ def print_json(data: Any) -> None:
 
 def agent_settings(args: argparse.Namespace) -> tuple[AgentConfig, DeviceProfile]:
     """The agent configuration (``--config``) with ``--model-dir`` and ``--profile``
-    applied, and the device profile: named (by flag or configuration) or detected."""
+    applied, and the device profile: named (by flag or configuration) or detected.
+
+    Raises:
+        CliError: the model folder is not there.
+        ConfigError: the configuration or the profile is wrong.
+    """
     config = load_agent_config(getattr(args, "config", None))
     if getattr(args, "model_dir", None) is not None:
         config = replace(config, model_dir=args.model_dir)
+    existing_model_dir(config.model_dir)
     if getattr(args, "profile", None):
         config = replace(config, profile=args.profile)
     store = ProfileStore(getattr(args, "profiles_dir", None) or default_profiles_dir())

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from edge_agent.bench.report import render_table
-from edge_agent.cli.common import add_model_dir, print_json
+from edge_agent.cli.common import add_model_dir, existing_model_dir, print_json
 from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 
@@ -23,7 +23,7 @@ def register(commands: Any) -> Any:
 
 
 def _list(args: argparse.Namespace) -> int:
-    repository = ModelRepository(args.model_dir or default_model_dir())
+    repository = ModelRepository(existing_model_dir(args.model_dir or default_model_dir()))
     packages = list(repository.packages())
     if args.json:
         print_json([p.to_dict() for p in packages])

@@ -8,6 +8,11 @@ Reads, under a configurable root (``/`` on a device, a fake tree in tests):
   ``asimddp``, ``i8mm`` that make INT8 pay off),
 - ``proc/meminfo`` (memory).
 
+Under any root other than this machine's ``/`` nothing comes from the host:
+the architecture is read from ``proc/cpuinfo`` or inferred from a device tree
+or ``nv_tegra_release`` (ARM boards are ``aarch64``), and a root that does not
+exist is an error, not this machine.
+
 :func:`read_facts` does the reading; :func:`match_profile` is pure. A profile
 matches when every kind of rule it lists matches; the most specific match
 wins. Unknown hardware gets the generic profile of its architecture, with a
@@ -104,17 +109,43 @@ def _cpu_features(cpuinfo: str) -> frozenset[str]:
     return frozenset()
 
 
+def _host_arch() -> str:
+    machine = platform.machine().lower()
+    return _ARCH_ALIASES.get(machine, machine)
+
+
 def read_facts(root: Path = Path("/")) -> DeviceFacts:
-    """Read the device's facts under ``root`` (missing files read as empty)."""
+    """Read the device's facts under ``root`` (missing files read as empty).
+
+    The architecture comes from ``proc/cpuinfo``; failing that, a device tree
+    or ``etc/nv_tegra_release`` means an ARM board (``aarch64``). Only when
+    ``root`` is this machine's own ``/`` is the running interpreter asked
+    (``platform.machine()``): another root is another system, and the host
+    must not leak into it.
+
+    Raises:
+        ProfileError: ``root`` does not exist or is not a directory, or
+            nothing under it tells the architecture.
+    """
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise ProfileError(f"cannot detect the device under {root}: the root {what}")
     cpuinfo = _read_text(root / "proc/cpuinfo")
     model = _read_text(root / "proc/device-tree/model").strip("\x00\n ")
     compatible = tuple(
         part for part in _read_text(root / "proc/device-tree/compatible").split("\x00") if part
     )
+    tegra = _read_text(root / "etc/nv_tegra_release").strip()
     arch = _arch_from_cpuinfo(cpuinfo)
+    if arch is None and (model or compatible or tegra):
+        arch = "aarch64"
     if arch is None:
-        machine = platform.machine().lower()
-        arch = _ARCH_ALIASES.get(machine, machine)
+        if root.resolve() != Path("/").resolve():
+            raise ProfileError(
+                f"cannot tell the architecture of the device under {root}: no "
+                "proc/cpuinfo, proc/device-tree or etc/nv_tegra_release there"
+            )
+        arch = _host_arch()
     memory_mb = 0
     for line in _read_text(root / "proc/meminfo").splitlines():
         if line.startswith("MemTotal:"):
@@ -125,7 +156,7 @@ def read_facts(root: Path = Path("/")) -> DeviceFacts:
         arch=arch,
         device_tree_model=model,
         device_tree_compatible=compatible,
-        nv_tegra_release=_read_text(root / "etc/nv_tegra_release").strip(),
+        nv_tegra_release=tegra,
         cpuinfo=cpuinfo,
         cpu_features=_cpu_features(cpuinfo),
         cpu_count=sum(1 for line in cpuinfo.splitlines() if line.startswith("processor")),
@@ -190,5 +221,9 @@ def match_profile(profiles: Iterable[DeviceProfile], facts: DeviceFacts) -> Dete
 
 
 def detect_profile(profiles: Iterable[DeviceProfile], root: Path = Path("/")) -> Detection:
-    """Read the facts under ``root`` and match them (see :func:`match_profile`)."""
+    """Read the facts under ``root`` and match them (see :func:`match_profile`).
+
+    Raises:
+        ProfileError: see :func:`read_facts` and :func:`match_profile`.
+    """
     return match_profile(profiles, read_facts(root))

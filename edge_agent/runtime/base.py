@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from edge_agent.errors import ConfigError
 from edge_agent.tensors import Quantization, TensorSpec, validate_inputs
 
 __all__ = [
@@ -63,6 +64,9 @@ class RuntimeOptions:
             cannot be loaded is skipped with a warning (the CPU runs the model).
         xnnpack: whether LiteRT applies its default XNNPACK delegate.
         warmup: runs after loading, before the session is handed out.
+
+    Raises:
+        ConfigError: ``graph_optimization`` is not one of the levels above.
     """
 
     threads: int | None = None
@@ -74,6 +78,14 @@ class RuntimeOptions:
     delegates: tuple[DelegateSpec, ...] = ()
     xnnpack: bool = True
     warmup: int = 3
+
+    def __post_init__(self) -> None:
+        if self.graph_optimization not in GRAPH_OPTIMIZATION_LEVELS:
+            allowed = ", ".join(repr(level) for level in GRAPH_OPTIMIZATION_LEVELS)
+            raise ConfigError(
+                f"expected one of {allowed}, got {self.graph_optimization!r}",
+                field="RuntimeOptions.graph_optimization",
+            )
 
 
 def quantize(values: Array, quant: Quantization, dtype: np.dtype[Any]) -> Array:

@@ -1,80 +1,37 @@
-"""``make demo``: a cloud gateway and an edge agent on loopback, end to end.
-
-Everything runs in a temporary folder that is removed at the end (also after
-an error, Ctrl-C or SIGTERM), with the embedded defaults: the built-in
-policy, the sample models, generated inputs, no broker needed.
-
-1. The operator (``cloud-gateway`` commands): signing keys, two cameras of
-   the group ``demo`` enrolled, ``digits-light`` v1 published to the signed
-   OTA repository; the gateway serves the cloud-only models ``digits-heavy``
-   and ``ppocr-det`` over REST and gRPC, and the OTA repository. When
-   ``mosquitto`` is installed (and ``--no-mqtt`` is not given) a broker joins,
-   with the password and ACL files of ``cloud-gateway mqtt acl``, and the
-   gateway bridges it.
-2. The device: ``edge-agent run`` (the systemd service) as ``cam-01`` on a
-   simulated Raspberry Pi 5 (a fake ``/proc`` and ``/sys``: its profile is
-   detected and nothing on this machine is touched). It says ``READY=1`` on a
-   ``NOTIFY_SOCKET``, as it would to systemd. With MQTT it sends telemetry
-   and hears rollout announcements; without, it checks for updates every 2 s.
-3. Requests through the agent's local Open Inference Protocol API (HTTP), one
-   per decision of the policy: a digit the light model is sure of (LOCAL),
-   one it is unsure of (escalated to the cloud's heavy model), the same
-   labelled ``sensitive`` (it stays), a ``personal`` digit and a photo with a
-   face for cloud-only models (OFFLOAD_REDACTED), a ``sensitive`` digit for a
-   cloud-only model (REJECT, 403).
-4. ``digits-light`` v2 is published and rolled out to the group; the agent
-   installs it (verified, decrypted, smoke-tested, swapped in) and answers
-   with it.
-5. The gateway stops: the light model stands in for the cloud's, the answers
-   marked degraded (LOCAL_DEGRADED).
-6. A summary table: each request's decision, reason, where it was answered
-   and its latency; the model's version before and after; MQTT on or off.
-
-Usage: ``python tools/demo.py [--no-mqtt]``.
-"""
+"""The demo on loopback: the operator, the cloud gateway, the edge agent, requests
+through the agent, an update over the air, the gateway going away, the summary."""
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import urllib.request
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-import numpy as np
+from edge_agent.bench.report import free_port, render_table
+from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_response, encode_infer_request
+from edge_agent.protocol.types import InferRequest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from edge_agent.bench.report import free_port, render_table, stop_process  # noqa: E402
-from edge_agent.package import ModelPackage, ModelRepository  # noqa: E402
-from edge_agent.protocol.rest import (  # noqa: E402
-    HEADER_LENGTH,
-    decode_infer_response,
-    encode_infer_request,
+from .common import (
+    MODELS,
+    ROOT,
+    Array,
+    DemoError,
+    Describe,
+    Processes,
+    TelemetryWatcher,
 )
-from edge_agent.protocol.types import InferRequest  # noqa: E402
+from .inputs import Inputs, digit, text_map
 
-Array = np.ndarray[Any, Any]
-Describe = Callable[[dict[str, Array]], str]
-
-MODELS = ROOT / "models"
 GROUP = "demo"
 DEVICE = "cam-01"
 NEW_VERSION = 2
@@ -85,162 +42,6 @@ CPUINFO = "".join(
     "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: 0xd0b\n\n"
     for n in range(4)
 )
-
-
-class DemoError(Exception):
-    """A step of the demo failed; the message says which and why."""
-
-
-def mosquitto_installed() -> bool:
-    """As :mod:`edge_agent.bench.mosquitto` looks for the broker."""
-    candidate = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    return os.access(candidate, os.X_OK)
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "    (no log)"
-    return "\n".join("    " + line for line in text[-lines:])
-
-
-# -- inputs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """Chosen at run time: held-out digits and a photo that scikit-image ships."""
-
-    sure: Array
-    sure_truth: int
-    unsure: Array
-    unsure_truth: int
-    unsure_light: str  # what the light model says of the unsure digit
-    photo: Array
-    photo_name: str
-
-
-def choose_inputs(repository: ModelRepository) -> Inputs:
-    """The held-out digit the light model is surest of, and one it is unsure of
-    (well below the policy's 0.9; one it gets wrong and the heavy model gets
-    right when there is one), by their INT8 ONNX variants."""
-    from skimage import data
-
-    from edge_agent.preprocess import decode_image, image_to_tensor
-    from edge_agent.runtime import RuntimeOptions, open_best
-
-    light, heavy = repository.get("digits-light"), repository.get("digits-heavy")
-    x, truth = light.evaluation()
-    x = x.astype(np.float32)
-
-    def probabilities(package: ModelPackage, batch: Array) -> Array:
-        _, session = open_best(
-            package, RuntimeOptions(threads=1, warmup=0), precisions=("int8", "fp32"),
-            formats=("onnx",),
-        )  # fmt: skip
-        try:
-            return np.asarray(session.run({"pixels": batch})["probabilities"])
-        finally:
-            session.close()
-
-    p = probabilities(light, x)
-    confidence = p.max(axis=1)
-    sure = int(np.argmax(confidence))
-    candidates = [int(i) for i in np.argsort(confidence)[:20] if confidence[i] < 0.7]
-    if not candidates:
-        raise DemoError("no held-out digit leaves the light model unsure")
-    heavy_says = probabilities(heavy, x[candidates]).argmax(axis=1)
-    fixed = [
-        i
-        for i, h in zip(candidates, heavy_says, strict=True)
-        if p[i].argmax() != truth[i] and h == truth[i]
-    ]
-    unsure = (fixed or candidates)[0]
-    photo = Path(data.__file__).parent / "astronaut.png"
-    ppocr = repository.get("ppocr-det")
-    if ppocr.preprocessing is None:
-        raise DemoError("ppocr-det's manifest has no preprocessing")
-    return Inputs(
-        sure=x[sure : sure + 1],
-        sure_truth=int(truth[sure]),
-        unsure=x[unsure : unsure + 1],
-        unsure_truth=int(truth[unsure]),
-        unsure_light=f"{int(p[unsure].argmax())} ({confidence[unsure]:.2f})",
-        photo=image_to_tensor(decode_image(photo.read_bytes()), ppocr.preprocessing),
-        photo_name=photo.name,
-    )
-
-
-def digit(truth: int) -> Describe:
-    def describe(outputs: dict[str, Array]) -> str:
-        p = outputs["probabilities"][0]
-        return f"{int(p.argmax())} ({p.max():.2f}), truth {truth}"
-
-    return describe
-
-
-def text_map(outputs: dict[str, Array]) -> str:
-    shape = next(iter(outputs.values())).shape
-    return "text map " + "x".join(str(n) for n in shape[2:])
-
-
-# -- processes ---------------------------------------------------------------------------------
-
-
-class Processes:
-    """The demo's servers; each is stopped (SIGTERM, then SIGKILL) at the end."""
-
-    def __init__(self) -> None:
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, command: list[str], log: Path, **kwargs: Any) -> None:
-        with log.open("ab") as out:
-            self.running[name] = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, **kwargs
-            )
-
-    def alive(self, name: str) -> bool:
-        return self.running[name].poll() is None
-
-    def stop(self, name: str, timeout: float = 20.0) -> int | None:
-        process = self.running.pop(name, None)
-        if process is None:
-            return None
-        return stop_process(process, timeout)
-
-    def stop_all(self) -> None:
-        for name in reversed(list(self.running)):
-            self.stop(name)
-
-
-class TelemetryWatcher:
-    """The operator's view of the broker: the devices' telemetry, counted by kind."""
-
-    def __init__(self, port: int, password: str) -> None:
-        from edge_agent.mqtt import new_client
-
-        self.kinds: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        self.client = new_client("demo-operator", "_gateway", password, None)
-        self.client.on_connect = self._on_connect
-        self.client.on_message = self._on_message
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        client.subscribe("devices/+/telemetry/#", qos=1)
-
-    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        with self._lock:
-            self.kinds[str(message.topic).rsplit("/", 1)[-1]] += 1
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-# -- the demo ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -635,78 +436,3 @@ class Demo:
         else:
             print(f"MQTT: off ({mqtt_off})")
         print(f"time: {seconds:.0f} s; everything stopped and the working folder removed")
-
-
-def run(no_mqtt: bool) -> int:
-    started = time.monotonic()
-    mqtt_off = "--no-mqtt" if no_mqtt else "mosquitto is not installed"
-    mqtt = not no_mqtt and mosquitto_installed()
-    print(
-        "MQTT: on: mosquitto is installed"
-        if mqtt
-        else f"MQTT: off ({mqtt_off}): the agent checks for updates every 2 s, no telemetry",
-        flush=True,
-    )
-    with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-demo-")))
-        print(f"(working in {work}, removed at the end)\n")
-        demo = Demo(work, stack, mqtt)
-        try:
-            inputs = choose_inputs(ModelRepository(MODELS))
-            demo.set_up()
-            if mqtt:
-                demo.start_broker()
-            demo.start_gateway()
-            demo.start_agent()
-            demo.requests(inputs)
-            demo.update(inputs)
-            demo.outage(inputs)
-        except Exception:
-            for name in ("gateway", "agent"):
-                if (work / f"{name}.log").exists():
-                    print(f"\n{name}.log, the last lines:\n{tail(work / f'{name}.log')}")
-            raise
-        demo.processes.stop_all()
-        # what the summary reports is settled; stop the rest before printing it
-        stack.close()
-        demo.summary(time.monotonic() - started, mqtt_off)
-    return 0
-
-
-@contextmanager
-def interrupts_as_keyboard_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP end the demo as Ctrl-C does: through the clean-up."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="A cloud gateway and an edge agent on loopback: every policy decision, "
-        "an update over the air, the cloud going away."
-    )
-    parser.add_argument(
-        "--no-mqtt", action="store_true", help="run without a broker even when mosquitto is there"
-    )
-    args = parser.parse_args(argv)
-    with interrupts_as_keyboard_interrupt():
-        try:
-            return run(args.no_mqtt)
-        except DemoError as exc:
-            print(f"\ndemo failed: {exc}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            print("\ninterrupted: everything stopped, the working folder removed", file=sys.stderr)
-            return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
