@@ -3,7 +3,8 @@
 ``agent.infer(model, inputs, label=..., deadline_ms=...)`` does, per request:
 
 1. gather the facts (can the device run the model and does it fit; latency
-   estimates; the time left; heat and load; link and breaker state) and ask
+   estimates, and the requests already running on the local model; the time
+   left; heat and load; link and breaker state) and ask
    the pure policy (:func:`edge_agent.policy.decide`) where to run;
 2. when the answer would leave the device, inspect the inputs first (faces in
    pictures, personal data in text) and ask again with the findings (findings
@@ -13,10 +14,15 @@
    with the local answer's confidence); or offload (a redacted copy when the
    label says so), through the exit guard;
 4. when the cloud fails (timeout, unreachable, breaker open), fall back in
-   tiers (from the seed documents): a local model, marked ``degraded``; a
-   cached answer for the same input, marked ``cached``; else a clear error.
+   tiers (from the seed documents): a local model, marked ``degraded`` (the
+   decision then says ``LOCAL_DEGRADED``, ``offload_failed``, also when an
+   escalation failed and the light model's own answer stands); a cached answer
+   for the same input, marked ``cached``; else a clear error.
    Never past the deadline: an offload gets the time left minus what the
    local fallback needs.
+
+A result's latency is the request's own time; loading and warming up a model
+on its first use is reported apart (``load_ms``).
 
 Models come from a :class:`ModelSource`: the models installed over the air
 (decrypted into memory) before the bundled ones. :meth:`Agent.reload` swaps a
@@ -67,7 +73,7 @@ from edge_agent.protocol.types import InferRequest
 from edge_agent.runtime import Session, open_best, rank_variants
 from edge_agent.runtime.selection import installed_formats
 from edge_agent.stats import LatencyWindow
-from edge_agent.tensors import datatype_of
+from edge_agent.tensors import datatype_of, format_shape
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -121,7 +127,7 @@ class AgentResult:
     outputs: dict[str, Array]
     decision: Decision
     where: str  # "device", "cloud" or "cache"
-    latency_ms: float
+    latency_ms: float  # the request's own time: loading a model for it is in load_ms
     request_id: str
     variant: str | None = None
     version: int | None = None
@@ -130,6 +136,7 @@ class AgentResult:
     escalated: bool = False
     findings: Findings | None = None
     error: str | None = None  # why the preferred path failed, when a fallback answered
+    load_ms: float | None = None  # loading and warming up a model first, when this request did
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -144,6 +151,8 @@ class AgentResult:
             "request_id": self.request_id,
             **self.decision.to_dict(),
         }
+        if self.load_ms is not None:
+            out["load_ms"] = round(self.load_ms, 2)
         if self.findings is not None:
             out["findings"] = self.findings.to_dict()
         if self.error:
@@ -193,6 +202,23 @@ class _Local:
     variant: Variant
     session: Session
     estimate: LatencyEstimate = field(default_factory=LatencyEstimate)
+    running: int = 0  # requests running on it now (the queue ahead of the next one)
+
+
+@dataclass
+class _Timing:
+    """When a request started, and how long it waited for models to load: its
+    latency is its own time, without loading and warming up a model."""
+
+    started: float
+    load_s: float = 0.0
+
+    def latency_ms(self, now: float) -> float:
+        return (now - self.started - self.load_s) * 1000
+
+    @property
+    def load_ms(self) -> float | None:
+        return self.load_s * 1000 if self.load_s > 0 else None
 
 
 class Agent:
@@ -304,16 +330,26 @@ class Agent:
         Raises:
             ModelNotFoundError, NoVariantError: the device cannot run it.
         """
+        return self._local_model(model, None)
+
+    def _local_model(self, model: str, timing: _Timing | None) -> _Local:
+        """:meth:`local_model`; the time spent loading it (or waiting for another
+        request to) goes to ``timing``."""
         local = self._local.get(model)
         if local is not None:
             return local
-        with self._lock:
-            lock = self._loading.setdefault(model, threading.Lock())
-        with lock:
-            local = self._local.get(model)
-            if local is None:
-                local = self._local[model] = self._load(self.repository.get(model))
-            return local
+        started = self._clock()
+        try:
+            with self._lock:
+                lock = self._loading.setdefault(model, threading.Lock())
+            with lock:
+                local = self._local.get(model)
+                if local is None:
+                    local = self._local[model] = self._load(self.repository.get(model))
+                return local
+        finally:
+            if timing is not None:
+                timing.load_s += self._clock() - started
 
     def reload(self, model: str, package: ModelPackage | None = None) -> None:
         """Swap in a new version of ``model`` (e.g. just installed over the air).
@@ -363,11 +399,11 @@ class Agent:
         )
         return [name for name in names if self.package(name) is not None]
 
-    def _reserve(self, model: str) -> float:
+    def _reserve(self, model: str, timing: _Timing) -> float:
         """Seconds to keep for the local fallback of ``model`` (it is loaded now if need be)."""
         for name in self._stand_ins(model):
             try:
-                local = self.local_model(name)
+                local = self._local_model(name, timing)
             except EdgeError:
                 continue
             return (local.estimate.value or UNTIMED_LOCAL_MS) / 1000
@@ -395,6 +431,7 @@ class Agent:
             on_device=variant is not None,
             fits_memory=variant is None or local is not None or self._fits(variant, model),
             local_ms=local.estimate.value if local is not None else None,
+            local_queue=local.running if local is not None else 0,
             remote_ms=remote.value if remote is not None else None,
             deadline_ms=(deadline - self._clock()) * 1000,
             throttled=state.throttled,
@@ -405,6 +442,22 @@ class Agent:
             breaker_open=self.offload is not None and self.offload.breaker.is_open,
             local_confidence=confidence,
         )
+
+    @staticmethod
+    def _arrays(inputs: Mapping[str, Any]) -> dict[str, Array]:
+        """The inputs as arrays; an empty batch is refused before anything runs.
+
+        Raises:
+            InputError: an input has no rows.
+        """
+        arrays = {name: np.asarray(value) for name, value in inputs.items()}
+        for name, array in arrays.items():
+            if array.ndim >= 1 and array.shape[0] == 0:
+                raise InputError(
+                    f"input {name!r} is an empty batch (shape {format_shape(array.shape)}): "
+                    "at least one row is expected"
+                )
+        return arrays
 
     @staticmethod
     def _check_label(label: str | None) -> None:
@@ -421,7 +474,7 @@ class Agent:
     ) -> tuple[Decision, Findings]:
         """The decision for this request and the findings behind it, without running a model."""
         self._check_label(label)
-        arrays = {name: np.asarray(value) for name, value in inputs.items()}
+        arrays = self._arrays(inputs)
         package = self.package(model)
         findings = self.inspector.inspect(arrays, package.preprocessing if package else None)
         deadline = self._clock() + (deadline_ms or self.deadline_ms) / 1000
@@ -465,7 +518,8 @@ class Agent:
 
         Raises:
             PolicyRejected: the policy refuses it (the decision says why).
-            InputError: the inputs do not fit the model, or the label is unknown.
+            InputError: the inputs do not fit the model (an empty batch is refused
+                before anything runs), or the label is unknown.
             OffloadError: the cloud failed and no fallback could answer.
         """
         result = self._infer(model, inputs, label, deadline_ms, request_id)
@@ -481,10 +535,11 @@ class Agent:
         request_id: str | None,
     ) -> AgentResult:
         started = self._clock()
+        timing = _Timing(started)
         self._check_label(label)
+        arrays = self._arrays(inputs)
         request_id = request_id or uuid.uuid4().hex
         deadline = started + (deadline_ms or self.deadline_ms) / 1000
-        arrays = {name: np.asarray(value) for name, value in inputs.items()}
         state = self._device_state()
         decision, findings = self._decide(model, arrays, label, deadline, state)
         self.counter.count(decision)
@@ -502,10 +557,11 @@ class Agent:
                 outputs=outputs,
                 decision=decision,
                 where=where,
-                latency_ms=(self._clock() - started) * 1000,
+                latency_ms=timing.latency_ms(self._clock()),
                 request_id=request_id,
                 version=package.version if package is not None else None,
                 findings=findings,
+                load_ms=timing.load_ms,
                 **extra,
             )
 
@@ -513,14 +569,14 @@ class Agent:
             if decision.reason == "cloud_unreachable":  # as when an offload fails: a stand-in
                 try:
                     return self._fall_back(
-                        decision, model, arrays, OffloadUnavailable(decision.message), started,
+                        decision, model, arrays, OffloadUnavailable(decision.message), timing,
                         request_id, findings, reason=decision.reason,
                     )  # fmt: skip
                 except OffloadError:
                     pass
             raise PolicyRejected(f"{decision.reason}: {decision.message}", decision=decision)
         if decision.action in (Action.LOCAL, Action.LOCAL_DEGRADED):
-            local = self.local_model(model)
+            local = self._local_model(model, timing)
             outputs = self._run_local(local, arrays)
             degraded = decision.action == Action.LOCAL_DEGRADED
             if degraded:
@@ -540,16 +596,17 @@ class Agent:
                         return result(answer, "cloud", second.model, escalated=True)
                     except PrivacyRefusal:
                         raise
-                    except OffloadError as exc:
-                        degraded, error = True, str(exc)
+                    except OffloadError as exc:  # the local answer stands, degraded
+                        decision = self._degrade(second, model, exc)
                         self.degraded += 1
+                        self.counter.count(decision)
                         return result(
                             outputs,
                             "device",
                             model,
                             variant=local.variant.id,
                             degraded=True,
-                            error=error,
+                            error=str(exc),
                         )
                 if second.action == Action.LOCAL_DEGRADED:
                     self.degraded += 1
@@ -558,7 +615,7 @@ class Agent:
 
         # OFFLOAD or OFFLOAD_REDACTED
         try:
-            reserve = self._reserve(model)
+            reserve = self._reserve(model, timing)
             outputs = self._offload(
                 decision, arrays, findings, label, deadline - reserve, request_id
             )
@@ -566,13 +623,32 @@ class Agent:
         except PrivacyRefusal:
             raise
         except OffloadError as exc:
-            return self._fall_back(decision, model, arrays, exc, started, request_id, findings)
+            return self._fall_back(decision, model, arrays, exc, timing, request_id, findings)
 
     def _run_local(self, local: _Local, arrays: dict[str, Array]) -> dict[str, Array]:
+        with self._lock:
+            local.running += 1
         started = self._clock()
-        outputs = local.session.run(arrays)
+        try:
+            outputs = local.session.run(arrays)
+        finally:
+            with self._lock:
+                local.running -= 1
         local.estimate.observe((self._clock() - started) * 1000)
         return outputs
+
+    @staticmethod
+    def _degrade(
+        decision: Decision, name: str, error: OffloadError, reason: str = "offload_failed"
+    ) -> Decision:
+        """What was decided when the cloud failed and the local ``name`` answers instead."""
+        return Decision(
+            action=Action.LOCAL_DEGRADED,
+            reason=reason,
+            message=f"{decision.message}; but the offload failed ({error}): {name} answers",
+            model=name,
+            label=decision.label,
+        )
 
     def _offload(
         self,
@@ -616,7 +692,7 @@ class Agent:
         model: str,
         arrays: dict[str, Array],
         error: OffloadError,
-        started: float,
+        timing: _Timing,
         request_id: str,
         findings: Findings,
         *,
@@ -626,17 +702,11 @@ class Agent:
         log.info("request %s: the cloud failed for %s (%s)", request_id, model, error)
         for name in self._stand_ins(model):
             try:
-                local = self.local_model(name)
+                local = self._local_model(name, timing)
                 outputs = self._run_local(local, arrays)
             except EdgeError:
                 continue
-            degraded = Decision(
-                action=Action.LOCAL_DEGRADED,
-                reason=reason,
-                message=f"{decision.message}; but the offload failed ({error}): {name} answers",
-                model=name,
-                label=decision.label,
-            )
+            degraded = self._degrade(decision, name, error, reason)
             self.degraded += 1
             self.counter.count(degraded)
             return AgentResult(
@@ -644,13 +714,14 @@ class Agent:
                 outputs=outputs,
                 decision=degraded,
                 where="device",
-                latency_ms=(self._clock() - started) * 1000,
+                latency_ms=timing.latency_ms(self._clock()),
                 request_id=request_id,
                 variant=local.variant.id,
                 version=local.package.version,
                 degraded=True,
                 findings=findings,
                 error=str(error),
+                load_ms=timing.load_ms,
             )
         cached = self.cache.get(ResultCache.key(decision.model, arrays))
         if cached is not None:
@@ -660,12 +731,13 @@ class Agent:
                 outputs=cached,
                 decision=decision,
                 where="cache",
-                latency_ms=(self._clock() - started) * 1000,
+                latency_ms=timing.latency_ms(self._clock()),
                 request_id=request_id,
                 cached=True,
                 degraded=True,
                 findings=findings,
                 error=str(error),
+                load_ms=timing.load_ms,
             )
         raise type(error)(
             f"{error}; and no local model or cached answer for {model!r} could stand in"

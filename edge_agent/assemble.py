@@ -163,7 +163,7 @@ def create_agent(
 
         store = OtaStore(config.ota.state_dir / "ota")
         source = LayeredSource([OtaSource(store, enrollment.group, enrollment.group_key), bundled])
-    rules = load_policy(config.policy or DEFAULT_POLICY)
+    rules = load_policy(config.policy or DEFAULT_POLICY, device=profile.offload)
     detector = None
     if config.face_detector:
         from edge_agent.privacy.faces import FaceDetector

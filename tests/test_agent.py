@@ -216,10 +216,14 @@ def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker
     for result, seconds in answers:
         assert result.degraded and result.where == "device" and result.model == "digits-light"
         assert seconds < 0.35
-    assert [r.decision.action for r, _ in answers] == [Action.OFFLOAD] * 2 + [
-        Action.LOCAL_DEGRADED
-    ] * 2
-    assert [r.decision.reason for r, _ in answers][2:] == ["breaker_open", "breaker_open"]
+    # the first two tried the cloud and failed, the breaker opened: no more tries
+    assert [r.decision.action for r, _ in answers] == [Action.LOCAL_DEGRADED] * 4
+    assert [r.decision.reason for r, _ in answers] == ["offload_failed"] * 2 + ["breaker_open"] * 2
+    assert all("digits-light answers" in r.decision.message for r, _ in answers[:2])
+    counts = agent.counter.snapshot()
+    assert counts[("LOCAL_DEGRADED", "offload_failed")] == 2
+    assert counts[("LOCAL_DEGRADED", "breaker_open")] == 2
+    assert counts[("OFFLOAD", "low_confidence")] == 3  # escalations decided, two of them failed
     assert agent.offload is not None and agent.offload.breaker.state == "open"
     # a cloud-only model, while the breaker is open: its stand-in answers at once
     heavy = agent.infer("digits-heavy", {"pixels": low}, deadline_ms=300)
@@ -342,4 +346,79 @@ def test_an_unknown_label_is_an_input_error(served: GatewayHandle) -> None:
         InputError, match="unknown label 'Sensitive'; expected one of public, personal, sensitive"
     ):
         agent.infer("digits-light", {"pixels": low_and_high_confidence()[1]}, label="Sensitive")
+    agent.close()
+
+
+def local_agent(repository: Any = None) -> Agent:
+    """An agent with no gateway, on this machine's generic profile."""
+    return Agent(
+        profile=ProfileStore(PROFILES).get("generic-x86_64"),
+        repository=repository or ModelRepository(MODELS),
+        rules=RULES,
+        device_state=lambda: DeviceState(),
+    )
+
+
+def test_an_empty_batch_is_refused_before_anything_runs() -> None:
+    from edge_agent.errors import InputError
+
+    agent = local_agent()
+    empty = {"pixels": np.zeros((0, 64), np.float32)}
+    message = r"input 'pixels' is an empty batch \(shape \[0, 64\]\): at least one row is expected"
+    with pytest.raises(InputError, match=message):
+        agent.infer("digits-light", empty)
+    with pytest.raises(InputError, match=message):
+        agent.explain("digits-light", empty)
+    assert agent.loaded() == {}  # not even loaded
+    assert agent.counter.total() == 0
+    agent.close()
+
+
+class SlowSource:
+    """The model repository, slow to hand out a package (our ModelSource seam)."""
+
+    def __init__(self, delay: float) -> None:
+        self.repository = ModelRepository(MODELS)
+        self.delay = delay
+
+    def get(self, name: str) -> ModelPackage:
+        time.sleep(self.delay)
+        return self.repository.get(name)
+
+
+def test_latency_leaves_out_loading_the_model_which_is_reported_apart() -> None:
+    agent = local_agent(SlowSource(0.3))
+    x = {"pixels": low_and_high_confidence()[1]}
+    assert agent.package("digits-light") is not None  # the manifest read: what policy needs
+    first = agent.infer("digits-light", x)
+    assert first.where == "device" and first.load_ms is not None and first.load_ms >= 300
+    assert first.latency_ms < 100, first.latency_ms  # the run, not the load
+    assert first.to_dict()["load_ms"] == round(first.load_ms, 2)
+    second = agent.infer("digits-light", x)
+    assert second.load_ms is None and "load_ms" not in second.to_dict()
+    assert second.latency_ms < 100
+    agent.close()
+
+
+def test_the_deadline_counts_the_local_queue_and_says_when_estimates_are_missing() -> None:
+    from edge_agent.policy import LatencyEstimate
+
+    agent = local_agent()
+    x = {"pixels": low_and_high_confidence()[1]}
+    decision, _ = agent.explain("digits-light", x, deadline_ms=30)
+    assert "no latency estimate yet for the device to weigh against" in decision.message
+    local = agent.local_model("digits-light")
+    decision, _ = agent.explain("digits-light", x, deadline_ms=30)
+    assert "no latency estimate" not in decision.message  # loading timed a first run
+    # 10 ms a run, the cloud 5 ms: alone it fits 30 ms; behind 3 running requests it does not
+    local.estimate = LatencyEstimate(value=10.0)
+    agent._remote["digits-light"] = LatencyEstimate(value=5.0)
+    agent.offload = OffloadClient(make_transport("http", "127.0.0.1:9"))  # never called
+    decision, _ = agent.explain("digits-light", x, deadline_ms=30)
+    assert decision.reason == "prefer_local"
+    local.running = 3  # as while three other requests run on it
+    decision, _ = agent.explain("digits-light", x, deadline_ms=30)
+    assert (decision.action, decision.reason) == (Action.OFFLOAD, "deadline_local_too_slow")
+    assert "3 ahead" in decision.message
+    local.running = 0
     agent.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,12 @@ from edge_agent.errors import (
     OffloadUnavailable,
 )
 from edge_agent.offload import CircuitBreaker, OffloadClient, TLSSettings, Transport, make_transport
+from edge_agent.offload.http import gateway_timeout_us
 from edge_agent.package import ModelRepository
 from edge_agent.protocol.types import InferRequest, InferResponse
 
 from .conftest import MODELS, GatewayHandle, start_gateway
-from .test_gateway import SlowBackend, direct, small_repository
+from .test_gateway import SlowBackend, direct, metric, small_repository
 
 
 class Clock:
@@ -247,3 +249,33 @@ def test_deadlines_too_short_for_any_gateway_do_not_open_the_breaker() -> None:
         with pytest.raises(OffloadTimeout):
             offload.infer(make_request(), deadline=clock.now + 0.5)
     assert offload.breaker.state == "open"
+
+
+def test_http_sends_the_deadline_and_the_gateway_gives_up_in_time(tmp_path: Path) -> None:
+    """The deadline travels as the ``timeout`` parameter: the gateway fails the request
+    itself (its own metric says so) instead of running a model nobody waits for."""
+    handle = start_gateway(
+        tmp_path, small_repository(tmp_path), backend=SlowBackend(0.6), poll_interval_s=0.0
+    )
+    try:
+        transport = make_transport("http", handle.http_url, token=handle.device_token)
+        request = InferRequest(
+            inputs={"pixels": np.zeros((1, 64), np.float32)},
+            datatypes={"pixels": "FP32"},
+            model_name="digits-light",
+        )
+        labels = {"model": "digits-light", "protocol": "http", "status": "deadline_exceeded"}
+        before = metric(handle, "gateway_request_failures_total", **labels)
+        started = time.monotonic()
+        with pytest.raises(OffloadTimeout, match="the gateway gave up"):
+            transport.infer(request, timeout=0.25)
+        assert time.monotonic() - started < 0.25 + 0.05
+        assert metric(handle, "gateway_request_failures_total", **labels) == before + 1
+        assert request.parameters == {}  # the caller's request is left as it was
+        # a shorter timeout of the request's own wins; the time left caps a longer one
+        assert gateway_timeout_us(replace(request, parameters={"timeout": 1000}), 1.0) == 1000
+        assert gateway_timeout_us(replace(request, parameters={"timeout": 0}), 1.0) == 980_000
+        assert gateway_timeout_us(request, 0.1) == 90_000
+        transport.close()
+    finally:
+        handle.thread.stop()

@@ -18,6 +18,7 @@ from edge_agent.policy import (
     load_policy,
     parse_policy,
 )
+from edge_agent.policy.decide import expected_local_ms
 
 RULES = load_policy(DEFAULT_POLICY)
 
@@ -109,6 +110,38 @@ def test_deadline() -> None:
         "deadline_local_too_slow",
     )
     check(facts(local_ms=48.0, remote_ms=10.0, deadline_ms=50.0), Action.LOCAL, "prefer_local")
+
+
+def test_the_local_estimate_counts_the_queue_ahead() -> None:
+    # 10 ms a run fits a 30 ms deadline alone; with 3 requests ahead it takes ~40 ms
+    alone = facts(local_ms=10.0, remote_ms=5.0, deadline_ms=30.0)
+    check(alone, Action.LOCAL, "prefer_local")
+    queued = replace(alone, local_queue=3)
+    check(queued, Action.OFFLOAD, "deadline_local_too_slow")
+    assert "locally ~40.0 ms (3 ahead, ~10.0 ms each)" in decide(queued, RULES).message
+    assert expected_local_ms(queued) == 40.0 and expected_local_ms(facts()) is None
+    # the queue ahead of a request that stays on the device does not move it
+    check(replace(queued, label="sensitive"), Action.LOCAL, "stays_on_device")
+
+
+def test_a_deadline_without_estimates_says_so() -> None:
+    unknown = decide(facts(deadline_ms=200.0), RULES)
+    assert (unknown.action, unknown.reason) == (Action.LOCAL, "prefer_local")
+    assert unknown.message.endswith(
+        "; no latency estimate yet for the device or the cloud to weigh against the "
+        "200.0 ms deadline"
+    )
+    local_known = decide(facts(deadline_ms=200.0, local_ms=3.0), RULES)
+    assert "no latency estimate yet for the cloud to weigh" in local_known.message
+    # a cloud-only model is not waiting for a local estimate
+    heavy = decide(facts("digits-heavy", deadline_ms=200.0), RULES)
+    assert "no latency estimate yet for the cloud to weigh" in heavy.message
+    for known in (
+        facts(deadline_ms=200.0, local_ms=3.0, remote_ms=9.0),
+        facts(),  # no deadline: nothing to weigh
+        facts(deadline_ms=200.0, local_ms=3.0, gateway=False),
+    ):
+        assert "no latency estimate" not in decide(known, RULES).message
 
 
 def test_device_state() -> None:
@@ -205,3 +238,18 @@ def test_estimates_and_counts() -> None:
     counter.count(decide(facts(throttled=True), RULES))
     assert counter.snapshot() == {("LOCAL", "prefer_local"): 1, ("OFFLOAD", "thermal_throttled"): 2}
     assert counter.total(Action.OFFLOAD) == 2
+
+
+def test_the_device_profile_gives_the_offload_defaults(tmp_path: Path) -> None:
+    from edge_agent.profiles.schema import OffloadPreferences
+
+    leaning = OffloadPreferences(prefer="cloud", offload_when_throttled=False)
+    rules = load_policy(DEFAULT_POLICY, device=leaning)
+    assert rules.prefer == "cloud" and rules.offload_when_throttled is False
+    assert decide(facts(), rules).reason == "prefer_cloud"
+    assert decide(facts(), RULES).reason == "prefer_local"  # no profile: the defaults
+    # what a policy file says wins over the profile
+    path = tmp_path / "policy.toml"
+    path.write_text('[defaults]\nprefer = "local"\n[device]\noffload_when_throttled = true\n')
+    rules = load_policy(path, device=leaning)
+    assert rules.prefer == "local" and rules.offload_when_throttled is True

@@ -7,9 +7,11 @@ request whose data may not leave as it is:
 
 - its effective label (the caller's label, raised by what the detectors find)
   keeps it on the device;
-- it must be redacted and was not, or faces or personal text are still found;
-- it holds a picture the device cannot search (no face detector installed)
-  while the rules say faces may not leave freely.
+- it must be redacted and was not, or faces or personal text are still found,
+  or an image file in it still carries metadata (EXIF, XMP, comments);
+- it holds a picture the device cannot search (no face detector installed, a
+  layout it cannot read, an image file it cannot decode) while the rules say
+  faces may not leave freely.
 """
 
 from __future__ import annotations
@@ -62,11 +64,11 @@ class ExitGuard:
                 raise self._refuse(
                     "not_redacted", f"refused to send a '{effective}' request that was not redacted"
                 )
-            if findings.kinds:
+            left = sorted(findings.kinds) + (["image metadata"] if findings.metadata else [])
+            if left:
                 raise self._refuse(
                     "still_identifiable",
-                    "refused: the redacted request still shows "
-                    + ", ".join(sorted(findings.kinds)),
+                    "refused: the redacted request still shows " + ", ".join(left),
                 )
         faces_matter = self.rules.leave_mode(self.rules.finding_labels["faces"]) != "free"
         if faces_matter and findings.unsearchable:

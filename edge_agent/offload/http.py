@@ -3,11 +3,17 @@
 One ``httpx.Client`` per transport keeps connections alive between requests;
 the device token goes in ``Authorization: Bearer``, a request id in
 ``X-Request-Id``. httpx's exceptions are translated here.
+
+The deadline travels with the request, as the protocol's ``timeout`` parameter
+(microseconds), so that the gateway gives up when the device does instead of
+computing an answer nobody waits for. The gateway is told a little less than
+the time left (:data:`ANSWER_MARGIN`), for its answer to come back in time.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -20,7 +26,20 @@ from edge_agent.protocol.rest import (
 )
 from edge_agent.protocol.types import InferRequest, InferResponse
 
-__all__ = ["HttpTransport"]
+__all__ = ["ANSWER_MARGIN", "HttpTransport", "gateway_timeout_us"]
+
+# The share of the time left kept for the gateway's answer to travel back (at most 20 ms).
+ANSWER_MARGIN = 0.1
+MAX_ANSWER_MARGIN_S = 0.02
+
+
+def gateway_timeout_us(request: InferRequest, timeout: float) -> int:
+    """The ``timeout`` parameter to send: the time left less the way back, in
+    microseconds, or the request's own when that is shorter."""
+    budget = timeout - min(timeout * ANSWER_MARGIN, MAX_ANSWER_MARGIN_S)
+    own = request.timeout_us  # 0 or none: no deadline of its own
+    us = max(int(budget * 1e6), 1)
+    return min(us, own) if own else us
 
 
 class HttpTransport(Transport):
@@ -50,6 +69,8 @@ class HttpTransport(Transport):
         self, request: InferRequest, *, timeout: float, request_id: str = ""
     ) -> InferResponse:
         httpx = self._httpx
+        timeout_us = gateway_timeout_us(request, timeout)
+        request = replace(request, parameters={**request.parameters, "timeout": timeout_us})
         body, header_length = encode_infer_request(request)
         headers = {"content-type": "application/octet-stream"}
         if header_length is not None:

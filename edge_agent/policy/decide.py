@@ -17,7 +17,8 @@ Order of precedence, strongest first:
 2. where the model can run at all (placement; the device lacks the model or
    the memory for it; above the critical temperature no local work);
 3. why the cloud would be better: low confidence, throttling, CPU load, a
-   local estimate that misses the deadline, a preference;
+   local estimate that misses the deadline (one run's moving average for each
+   request ahead of this one, and one for itself), a preference;
 4. whether the cloud is reachable (offline, circuit breaker open): if not, a
    request that wanted the cloud runs locally, marked degraded. A device with
    no gateway at all keeps its work local without calling it degraded.
@@ -31,7 +32,7 @@ from typing import Any
 
 from edge_agent.policy.rules import PolicyRules
 
-__all__ = ["Action", "Decision", "RequestFacts", "decide"]
+__all__ = ["Action", "Decision", "RequestFacts", "decide", "expected_local_ms"]
 
 
 class Action(str, Enum):
@@ -49,7 +50,8 @@ class RequestFacts:
     findings: frozenset[str] = frozenset()  # "faces", "pii"
     on_device: bool = True  # the device has a variant it can run
     fits_memory: bool = True
-    local_ms: float | None = None  # expected local time, queue included
+    local_ms: float | None = None  # expected local time of one run (moving average)
+    local_queue: int = 0  # local requests already running on the model, ahead of this one
     remote_ms: float | None = None  # expected round trip plus remote compute
     deadline_ms: float | None = None  # time left
     throttled: bool = False
@@ -97,6 +99,34 @@ def _fits(estimate: float | None, facts: RequestFacts, rules: PolicyRules) -> bo
     return estimate + rules.deadline_margin_ms <= facts.deadline_ms
 
 
+def expected_local_ms(facts: RequestFacts) -> float | None:
+    """The local time this request can expect: its own run plus the queue ahead of it."""
+    if facts.local_ms is None:
+        return None
+    return facts.local_ms * (1 + max(facts.local_queue, 0))
+
+
+def _missing_estimates(facts: RequestFacts, local_ok: bool) -> str:
+    """What a deadline could not be weighed against, as the end of a sentence: the
+    places that could answer but have no latency estimate yet."""
+    if facts.deadline_ms is None:
+        return ""
+    missing = [
+        where
+        for where, possible, value in (
+            ("the device", local_ok, facts.local_ms),
+            ("the cloud", facts.gateway, facts.remote_ms),
+        )
+        if possible and value is None
+    ]
+    if not missing:
+        return ""
+    return (
+        f"; no latency estimate yet for {' or '.join(missing)} to weigh against the "
+        f"{facts.deadline_ms:.1f} ms deadline"
+    )
+
+
 def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
     """Where this request runs, and why."""
     rule = rules.rule(facts.model)
@@ -107,13 +137,14 @@ def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
     local_ok = (
         rule.placement != "cloud" and facts.on_device and facts.fits_memory and not local_blocked
     )
+    local_ms = expected_local_ms(facts)
 
     def make(action: Action, reason: str, message: str, model: str | None = None) -> Decision:
         escalate = action == Action.LOCAL and facts.local_confidence is None and rule.escalate_to
         return Decision(
             action=action,
             reason=reason,
-            message=message,
+            message=message + _missing_estimates(facts, local_ok),
             model=model or facts.model,
             label=label,
             escalate_below=rule.escalate_below if escalate else None,
@@ -168,11 +199,16 @@ def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
     elif facts.cpu_load is not None and facts.cpu_load > rules.max_cpu_load:
         cloud_reason, soft = "cpu_overloaded", True
         cloud_message = f"the CPU load {facts.cpu_load:.2f} is above {rules.max_cpu_load:.2f}"
-    elif _fits(facts.local_ms, facts, rules) is False and _fits(facts.remote_ms, facts, rules):
+    elif _fits(local_ms, facts, rules) is False and _fits(facts.remote_ms, facts, rules):
+        queue = (
+            f" ({facts.local_queue} ahead, ~{facts.local_ms:.1f} ms each)"
+            if facts.local_queue > 0
+            else ""
+        )
         cloud_reason = "deadline_local_too_slow"
         cloud_message = (
-            f"locally ~{facts.local_ms:.1f} ms would miss the {facts.deadline_ms:.1f} ms deadline; "
-            f"the cloud takes ~{facts.remote_ms:.1f} ms"
+            f"locally ~{local_ms:.1f} ms{queue} would miss the {facts.deadline_ms:.1f} ms "
+            f"deadline; the cloud takes ~{facts.remote_ms:.1f} ms"
         )
     elif rules.prefer == "cloud" and _fits(facts.remote_ms, facts, rules) is not False:
         cloud_reason, soft = "prefer_cloud", True

@@ -17,6 +17,7 @@ what was expected)::
     [defaults]
     placement = "either"        # device | cloud | either
     prefer = "local"            # when both could answer in time: local | cloud
+                                # (default: the device profile's [offload] prefer)
 
     [models.digits-light]
     placement = "either"
@@ -28,6 +29,7 @@ what was expected)::
 
     [device]
     offload_when_throttled = true  # a throttled device sends what may leave
+                                   # (default: the device profile's [offload])
     max_cpu_load = 0.9             # above this load too
     local_when_critical = false    # above the critical temperature: no local work
 
@@ -117,7 +119,9 @@ class PolicyRules:
         }
 
 
-def parse_policy(data: dict[str, Any], path: Path | None = None) -> PolicyRules:
+def parse_policy(
+    data: dict[str, Any], path: Path | None = None, *, device: Any = None
+) -> PolicyRules:
     """Rules from a parsed document.
 
     Raises:
@@ -144,7 +148,9 @@ def parse_policy(data: dict[str, Any], path: Path | None = None) -> PolicyRules:
         )
     default_fields = fields.table("defaults", None)
     default_placement = default_fields.string("placement", "either", choices=PLACEMENTS)
-    prefer = default_fields.string("prefer", "local", choices=["local", "cloud"])
+    prefer = default_fields.string(
+        "prefer", getattr(device, "prefer", "local"), choices=["local", "cloud"]
+    )
     default_fields.done()
     models: dict[str, ModelRule] = {}
     model_fields = fields.table("models", None)
@@ -162,11 +168,13 @@ def parse_policy(data: dict[str, Any], path: Path | None = None) -> PolicyRules:
         entry.done()
         models[name] = rule
     model_fields.done()
-    device = fields.table("device", None)
-    offload_when_throttled = device.boolean("offload_when_throttled", True)
-    max_cpu_load = device.number("max_cpu_load", 0.9, minimum=0.0)
-    local_when_critical = device.boolean("local_when_critical", False)
-    device.done()
+    device_fields = fields.table("device", None)
+    offload_when_throttled = device_fields.boolean(
+        "offload_when_throttled", getattr(device, "offload_when_throttled", True)
+    )
+    max_cpu_load = device_fields.number("max_cpu_load", 0.9, minimum=0.0)
+    local_when_critical = device_fields.boolean("local_when_critical", False)
+    device_fields.done()
     deadline = fields.table("deadline", None)
     margin = deadline.number("margin_ms", 2.0, minimum=0.0)
     deadline.done()
@@ -187,10 +195,12 @@ def parse_policy(data: dict[str, Any], path: Path | None = None) -> PolicyRules:
     )
 
 
-def load_policy(path: Path) -> PolicyRules:
-    """Load and validate a policy file.
+def load_policy(path: Path, *, device: Any = None) -> PolicyRules:
+    """Load and validate a policy file. ``device``: the device profile's offload
+    preferences (:class:`~edge_agent.profiles.schema.OffloadPreferences`), the
+    defaults of ``prefer`` and ``offload_when_throttled`` where the file is silent.
 
     Raises:
         PolicyError: the file is missing or malformed, or a field is wrong.
     """
-    return parse_policy(load_document(path, PolicyError), path)
+    return parse_policy(load_document(path, PolicyError), path, device=device)

@@ -4,12 +4,18 @@
 model's manifest describes them, or any 3-D tensor that looks like a picture)
 are searched for faces with BlazeFace (:mod:`.faces`), text (``BYTES``)
 inputs for e-mail addresses, phone, card and ID numbers (:mod:`.text`).
+Encoded image files (JPEG, PNG, WebP, BMP, GIF, TIFF), whether ``BYTES``
+elements or a flat ``uint8`` tensor, are recognised by their signature and
+decoded (:mod:`.encoded`) to be searched like any picture; one that cannot be
+decoded is unsearchable, which the exit guard refuses.
 :meth:`PrivacyInspector.redact` returns new tensors with the faces pixelated
-(:mod:`.redact`) and the text masked, checked again with the same detectors.
+(:mod:`.redact`), the text masked and encoded images written again from their
+(redacted) pixels, without their metadata; checked again with the same detectors.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +23,26 @@ import numpy as np
 
 from edge_agent.package import ImagePreprocessing
 from edge_agent.preprocess import ImageView, tensor_to_image
+from edge_agent.privacy.encoded import (
+    carries_metadata,
+    decode,
+    encode,
+    image_format,
+    unwrap_base64,
+)
 from edge_agent.privacy.faces import Face, FaceDetector
 from edge_agent.privacy.redact import redact_faces
 from edge_agent.privacy.text import find_pii, mask_pii
 
-__all__ = ["FaceDetector", "Findings", "PrivacyInspector", "find_pii", "mask_pii", "pictures"]
+__all__ = [
+    "FaceDetector",
+    "Findings",
+    "PrivacyInspector",
+    "encoded_images",
+    "find_pii",
+    "mask_pii",
+    "pictures",
+]
 
 Array = np.ndarray[Any, Any]
 
@@ -38,6 +59,7 @@ class Findings:
     pii: dict[str, list[str]] = field(default_factory=dict)  # kinds found
     images: int = 0  # pictures searched
     unsearchable: list[str] = field(default_factory=list)  # inputs that may be pictures, unread
+    metadata: list[str] = field(default_factory=list)  # inputs whose image files carry metadata
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -60,6 +82,8 @@ class Findings:
         }
         if self.unsearchable:
             out["unsearchable"] = self.unsearchable
+        if self.metadata:
+            out["image_metadata"] = self.metadata
         return out
 
 
@@ -69,6 +93,55 @@ def _text(value: Any) -> str:
 
 def _looks_like_a_picture(array: Array) -> bool:
     return sum(1 for d in array.shape if d >= PICTURE_SIDE) >= 2
+
+
+def _holds_text(array: Array) -> bool:
+    return array.dtype == object or array.dtype.kind in "SU"
+
+
+def _flat_bytes(array: Array) -> bool:
+    """A ``uint8`` tensor that is one image file's bytes: 1-D, or ``[1, ..., 1, N]``,
+    starting with an image signature (a flat picture, e.g. 64x64 grey pixels in a
+    row, is not: it is searched as a picture)."""
+    if array.dtype != np.uint8 or array.ndim < 1 or array.size != array.shape[-1]:
+        return False
+    return image_format(array.reshape(-1)[:32].tobytes()) is not None
+
+
+def _holds_bytes(array: Array) -> bool:
+    return _holds_text(array) or _flat_bytes(array)
+
+
+def _images(array: Array) -> dict[int, tuple[bytes, bytes | None]]:
+    """The image files an input holds, by flat index, each with the prefix of the
+    base64 text it came as (``None``: the file's own bytes)."""
+    if _flat_bytes(array):
+        return {0: (np.ascontiguousarray(array).tobytes(), None)}
+    if array.dtype.kind == "S":  # fixed width: keep the NUL bytes numpy would strip
+        width, raw = array.dtype.itemsize, np.ascontiguousarray(array).tobytes()
+        items: list[Any] = [raw[i * width : (i + 1) * width] for i in range(array.size)]
+    elif array.dtype == object or array.dtype.kind == "U":
+        items = list(array.ravel())
+    else:
+        return {}
+    found: dict[int, tuple[bytes, bytes | None]] = {}
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            item = item.encode("utf-8", errors="replace")
+        if not isinstance(item, bytes):
+            continue
+        if image_format(item):
+            found[index] = (item, None)
+        elif (wrapped := unwrap_base64(item)) is not None:
+            found[index] = (wrapped[1], wrapped[0])
+    return found
+
+
+def encoded_images(array: Array) -> dict[int, bytes]:
+    """The encoded image files an input holds, by flat index: ``BYTES`` elements that
+    start with an image signature or are one in base64 (a ``data:image/...`` URL or
+    bare), or a flat ``uint8`` tensor that starts with one (index 0)."""
+    return {index: data for index, (data, _) in _images(array).items()}
 
 
 def pictures(
@@ -122,10 +195,8 @@ class PrivacyInspector:
     ) -> Findings:
         findings = Findings()
         for name, array in inputs.items():
-            if array.dtype == object or array.dtype.kind in "SU":
-                kinds = sorted({m.kind for v in array.ravel() for m in find_pii(_text(v))})
-                if kinds:
-                    findings.pii[name] = kinds
+            if _holds_bytes(array):
+                self._inspect_bytes(name, array, findings)
                 continue
             found = pictures(array, self._pre(name, preprocessing))
             searchable = [view for _, view in found if min(view.rgb.shape[:2]) >= PICTURE_SIDE]
@@ -140,21 +211,74 @@ class PrivacyInspector:
             findings.faces[name] = [self.detector.detect(view.rgb) for _, view in found]
         return findings
 
+    def _inspect_bytes(self, name: str, array: Array, findings: Findings) -> None:
+        """Text for personal data; encoded images for faces and metadata."""
+        images = encoded_images(array)
+        if _holds_text(array):
+            texts = [v for i, v in enumerate(array.ravel()) if i not in images]
+            kinds = sorted({m.kind for v in texts for m in find_pii(_text(v))})
+            if kinds:
+                findings.pii[name] = kinds
+        if not images:
+            return
+        if any(carries_metadata(data) for data in images.values()):
+            findings.metadata.append(name)
+        decoded = [decode(data) for data in images.values()]
+        if self.detector is None or any(rgb is None for rgb in decoded):
+            findings.unsearchable.append(name)
+            return
+        findings.images += len(decoded)
+        findings.faces[name] = [self.detector.detect(rgb) for rgb in decoded if rgb is not None]
+
+    def _rewrite(self, data: bytes, faces: list[Face]) -> bytes:
+        """An image file written again from its pixels (faces redacted): no metadata.
+        One that cannot be decoded is left as it is, for the exit guard to refuse."""
+        rgb = decode(data)
+        if rgb is None:
+            return data
+        if faces and self.detector is not None:
+            rgb, _ = redact_faces(rgb, faces, self.detector)
+        return encode(rgb, image_format(data) or "png")
+
+    def _redact_bytes(self, array: Array, pii: list[str], per_image: list[list[Face]]) -> Array:
+        images = _images(array)
+        if not images and not pii:
+            return array
+        faces = per_image if len(per_image) == len(images) else [[] for _ in images]
+        rewritten = {}
+        for (index, (data, prefix)), found in zip(images.items(), faces, strict=True):
+            written = self._rewrite(data, found)
+            rewritten[index] = written if prefix is None else prefix + base64.b64encode(written)
+        out: Array
+        if _flat_bytes(array):
+            data = rewritten[0]
+            out = np.frombuffer(data, np.uint8).reshape(*array.shape[:-1], len(data)).copy()
+            return out
+        items = np.empty(array.size, dtype=object)
+        for index, value in enumerate(array.ravel()):
+            if index in rewritten:
+                items[index] = rewritten[index]
+            else:
+                items[index] = mask_pii(_text(value))[0].encode() if pii else value
+        out = items.reshape(array.shape)
+        return out
+
     def redact(
         self,
         inputs: dict[str, Array],
         findings: Findings,
         preprocessing: ImagePreprocessing | None = None,
     ) -> tuple[dict[str, Array], Findings]:
-        """New inputs with faces pixelated and personal text masked; what is still found."""
+        """New inputs with faces pixelated, personal text masked and encoded images
+        written again without metadata; what is still found."""
         out = dict(inputs)
-        for name, kinds in findings.pii.items():
-            if kinds:
-                masked = np.empty(inputs[name].size, dtype=object)
-                masked[:] = [mask_pii(_text(v))[0].encode() for v in inputs[name].ravel()]
-                out[name] = masked.reshape(inputs[name].shape)
+        for name, array in inputs.items():
+            if _holds_bytes(array):
+                out[name] = self._redact_bytes(
+                    array, findings.pii.get(name, []), findings.faces.get(name, [])
+                )
         for name, per_picture in findings.faces.items():
-            if not any(per_picture) or self.detector is None:
+            if not any(per_picture) or self.detector is None or _holds_bytes(inputs[name]):
                 continue
             array = np.array(inputs[name], copy=True)
             for (where, view), faces in zip(

@@ -1,0 +1,152 @@
+"""Encoded images in byte tensors: recognised, decoded, re-encoded from pixels.
+
+A request can carry a picture as its file's bytes (JPEG, PNG, WebP, BMP, GIF,
+TIFF): a ``BYTES`` element, or a flat ``uint8`` tensor. Such bytes are
+recognised by their signature (:func:`image_format`), decoded with OpenCV
+(:func:`decode`; an animated or multi-page image, or one OpenCV cannot read,
+gives ``None``: it cannot be searched), and written again from pixels only
+(:func:`encode`), which drops whatever metadata the file carried (EXIF with its
+GPS position and camera serial, XMP, IPTC, comments). :func:`carries_metadata`
+tells whether a file may still hold such metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+
+import numpy as np
+
+__all__ = ["carries_metadata", "decode", "encode", "image_format", "unwrap_base64"]
+
+Array = np.ndarray[Any, Any]
+
+# BMP's DIB header sizes (core, info, v2-v5): "BM" alone is too common in text.
+_BMP_HEADERS = {12, 40, 52, 56, 64, 108, 124}
+# How each format is written again; formats OpenCV writes with metadata of their own
+# (TIFF's tags) or not everywhere (GIF) become PNG.
+_WRITE_AS = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp"}
+
+
+# How the formats above begin once in base64 (JSON clients send pictures so).
+_BASE64_STARTS = (b"/9j/", b"iVBORw0KGgo", b"R0lGOD", b"UklGR", b"SUkqA", b"TU0AK", b"Qk")
+_DATA_URL = re.compile(rb"data:image/[\w.+-]+;base64,", re.IGNORECASE)
+
+
+def unwrap_base64(text: bytes) -> tuple[bytes, bytes] | None:
+    """``(prefix, file bytes)`` of a picture sent as base64 text, a ``data:image/...``
+    URL or bare; ``None`` when ``text`` is not one. A data URL that does not decode
+    gives empty file bytes: it says it is a picture, so it is one that cannot be read."""
+    stripped = text.strip()
+    match = _DATA_URL.match(stripped)
+    prefix = match.group(0) if match else b""
+    body = stripped[len(prefix) :]
+    if not prefix and not body.startswith(_BASE64_STARTS):
+        return None
+    try:
+        data = base64.b64decode(b"".join(body.split()), validate=True)
+    except (binascii.Error, ValueError):
+        data = b""
+    if prefix or image_format(data) is not None:
+        return prefix, data
+    return None
+
+
+def image_format(data: bytes) -> str | None:
+    """The image format ``data`` starts with, or ``None``."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return "webp"
+    if data.startswith((b"II*\x00", b"MM\x00*")):
+        return "tiff"
+    if (
+        data.startswith(b"BM")
+        and len(data) >= 18
+        and data[6:10] == b"\x00\x00\x00\x00"
+        and int.from_bytes(data[14:18], "little") in _BMP_HEADERS
+    ):
+        return "bmp"
+    return None
+
+
+def decode(data: bytes) -> Array | None:
+    """The RGB ``uint8`` picture in ``data``; ``None`` when it cannot be read as one
+    picture (corrupt, a format this OpenCV lacks, several frames or pages)."""
+    import cv2
+
+    try:
+        ok, frames = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:
+        return None
+    if not ok or len(frames) != 1 or frames[0] is None or frames[0].size == 0:
+        return None
+    rgb: Array = cv2.cvtColor(frames[0], cv2.COLOR_BGR2RGB)
+    return rgb
+
+
+def encode(rgb: Array, fmt: str) -> bytes:
+    """``rgb`` written as a file of format ``fmt`` (PNG for GIF and TIFF), pixels only."""
+    import cv2
+
+    extension = _WRITE_AS.get(fmt, ".png")
+    params = [cv2.IMWRITE_JPEG_QUALITY, 95] if extension == ".jpg" else []
+    ok, buffer = cv2.imencode(extension, cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), params)
+    if not ok:  # pragma: no cover - OpenCV writes these formats from any uint8 picture
+        raise ValueError(f"OpenCV could not write a {extension} image")
+    return bytes(buffer.tobytes())
+
+
+def carries_metadata(data: bytes) -> bool:
+    """Whether an image file may hold metadata beyond its pixels: EXIF, XMP, IPTC or
+    comments in JPEG, PNG and WebP; always for GIF and TIFF (not looked into)."""
+    fmt = image_format(data)
+    if fmt == "jpeg":
+        return _jpeg_metadata(data)
+    if fmt == "png":
+        return _chunks_metadata(data, 8, b"eXIf", b"tEXt", b"zTXt", b"iTXt")
+    if fmt == "webp":
+        return _chunks_metadata(data, 12, b"EXIF", b"XMP ")
+    return fmt in ("gif", "tiff")
+
+
+def _jpeg_metadata(data: bytes) -> bool:
+    """APP1 (EXIF, XMP), APP13 (IPTC) or COM segments before the image data."""
+    index = 2
+    while index + 4 <= len(data):
+        if data[index] != 0xFF:
+            return True  # not a marker where one must be: cannot tell, assume the worst
+        marker = data[index + 1]
+        if marker == 0xFF:  # fill byte
+            index += 1
+            continue
+        if marker in (0xDA, 0xD9):  # start of scan, end of image: no more headers
+            return False
+        if marker in (0xE1, 0xED, 0xFE):
+            return True
+        index += 2 + int.from_bytes(data[index + 2 : index + 4], "big")
+    return False
+
+
+def _chunks_metadata(data: bytes, start: int, *kinds: bytes) -> bool:
+    """Whether PNG chunks (length big-endian, then type; CRC after the data) or RIFF
+    chunks (type, then length little-endian; data padded to even) of ``kinds`` appear."""
+    png = start == 8
+    index = start
+    while index + 8 <= len(data):
+        first, second = data[index : index + 4], data[index + 4 : index + 8]
+        if png:
+            kind, length, overhead = second, int.from_bytes(first, "big"), 12
+        else:
+            kind, length = first, int.from_bytes(second, "little")
+            overhead = 8 + (length & 1)
+        if kind in kinds:
+            return True
+        index += length + overhead
+    return False
