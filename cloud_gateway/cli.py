@@ -9,7 +9,8 @@
     cloud-gateway models publish --repository OTA_DIR --keys DIR --name N --version V --file MODEL
                                  [--group G ...] [--profile P ...]
     cloud-gateway models withdraw --repository OTA_DIR --keys DIR --name N --version V
-    cloud-gateway ota refresh --repository OTA_DIR --keys DIR
+    cloud-gateway ota init --repository OTA_DIR --keys DIR
+    cloud-gateway ota refresh --repository OTA_DIR --keys DIR   (daily, from a timer)
     cloud-gateway rollout start --name N --version V --group G --percent P
     cloud-gateway rollout status [--name N]
     cloud-gateway rollout pause|resume|abort --name N [--version V] [--group G]
@@ -114,7 +115,7 @@ def _device_add(args: argparse.Namespace) -> int:
         trusted_root=root,
         gateway=args.gateway,
     )
-    note = "" if root else " (no OTA repository yet: no trusted root in it)"
+    note = "" if root else " (no OTA repository yet, no trusted root in it: cloud-gateway ota init)"
     print(
         f"enrollment bundle (token, group key, trusted root; mode 0600): {bundle}{note}",
         file=sys.stderr,
@@ -184,12 +185,34 @@ def _withdraw(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ota_refresh(args: argparse.Namespace) -> int:
+def _ota_init(args: argparse.Namespace) -> int:
     from cloud_gateway.ota.keys import KeyStore
     from cloud_gateway.ota.publish import OtaRepository
 
-    OtaRepository(args.repository, KeyStore(args.keys)).refresh_timestamp()
-    print("new timestamp metadata")
+    OtaRepository(args.repository, KeyStore(args.keys)).init()
+    print(
+        f"an empty signed OTA repository in {args.repository} (root, targets, snapshot, "
+        "timestamp); `device add --repository` now puts its root in enrollment bundles"
+    )
+    return 0
+
+
+def _ota_refresh(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.keys import KeyStore
+    from cloud_gateway.ota.publish import ROOT_NOTICE_DAYS, OtaRepository
+
+    result = OtaRepository(args.repository, KeyStore(args.keys)).refresh()
+    print(f"signed new {', '.join(result.signed)} metadata")
+    for role, expires in result.expires.items():
+        print(f"  {role:<9} expires {expires.isoformat()}")
+    if result.root_due:
+        print(
+            f"the root metadata expires within {ROOT_NOTICE_DAYS} days "
+            f"({result.expires['root'].isoformat()}); a refresh never signs it: renew it by hand "
+            f"with the root key (cloud-gateway keys rotate --role root --dir KEYS "
+            f"--repository {args.repository})",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -400,8 +423,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     ota = commands.add_parser("ota", help="the OTA repository")
     ota_commands = ota.add_subparsers(dest="ota_command", metavar="ACTION", required=True)
+    ota_init = ota_commands.add_parser(
+        "init", help="create an empty signed repository (before `device add --repository`)"
+    )
+    ota_init.add_argument("--repository", type=Path, required=True)
+    ota_init.add_argument("--keys", type=Path, required=True, help="the signing keys")
+    ota_init.set_defaults(run=_ota_init)
     refresh = ota_commands.add_parser(
-        "refresh", help="sign a new timestamp before the last expires"
+        "refresh",
+        help="sign a new timestamp, and snapshot and targets when they near expiry (run daily)",
     )
     refresh.add_argument("--repository", type=Path, required=True)
     refresh.add_argument("--keys", type=Path, required=True)

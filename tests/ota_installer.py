@@ -1,10 +1,12 @@
 """Run one update check as a device would, in its own process: for the power-loss tests.
 
-    python tests/ota_installer.py BUNDLE STATE_DIR URL [--crash-at STEP|list]
+    python tests/ota_installer.py BUNDLE STATE_DIR URL [--crash-at N | --list-steps]
                                  [--pause-at STEP --gate FILE]
 
-``--crash-at STEP`` kills this process with SIGKILL when the updater reaches
-STEP (a power cut there); ``--crash-at list`` prints every step instead.
+``--crash-at N`` kills this process with SIGKILL at the N-th step (counted
+from 0 over the whole check, every model's steps in turn: step names repeat
+from one model to the next, their indices do not), a power cut there;
+``--list-steps`` prints every step instead, one a line, in that order.
 ``--pause-at STEP`` stops there, creates ``FILE.reached`` and waits until
 ``FILE`` exists (to hold one updater mid-install while another starts).
 Otherwise the outcomes are printed as JSON.
@@ -13,6 +15,7 @@ Otherwise the outcomes are printed as JSON.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -32,15 +35,19 @@ def main() -> int:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("state", type=Path)
     parser.add_argument("url")
-    parser.add_argument("--crash-at")
+    parser.add_argument("--crash-at", type=int)
+    parser.add_argument("--list-steps", action="store_true")
     parser.add_argument("--pause-at")
     parser.add_argument("--gate", type=Path)
     args = parser.parse_args()
 
+    steps = itertools.count()
+
     def on_step(step: str) -> None:
-        if args.crash_at == "list":
+        index = next(steps)
+        if args.list_steps:
             print(step, flush=True)
-        elif step == args.crash_at:
+        elif index == args.crash_at:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == args.pause_at:
             args.gate.with_name(args.gate.name + ".reached").touch()
@@ -55,7 +62,7 @@ def main() -> int:
         on_step=on_step,
     )
     outcomes = updater.check()
-    if args.crash_at != "list":
+    if not args.list_steps:
         print(json.dumps([o.to_dict() for o in outcomes]))
     failed = [o for o in outcomes if o.status == "failed"]
     for outcome in failed:

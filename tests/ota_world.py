@@ -3,11 +3,16 @@ enrolled devices, and packages to publish (real ones and deliberately broken one
 
 from __future__ import annotations
 
+import gzip
+import importlib
 import json
 import shutil
 import socket
 import threading
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +295,56 @@ class CuttingProxy:
 
     def close(self) -> None:
         self._server.close()
+
+
+def compress(body: bytes, encoding: str) -> bytes:
+    if encoding == "gzip":
+        return gzip.compress(body, 6)
+    if encoding == "deflate":
+        return zlib.compress(body)
+    brotli = importlib.import_module("brotli")  # only where installed: httpx decodes br only then
+    return bytes(brotli.compress(body, quality=5))
+
+
+class EncodingServer:
+    """A real HTTP server on loopback that answers with compressed bodies whatever the
+    client asks for (a misconfigured gateway, or a hostile proxy in front of one).
+
+    ``answer(path)`` gives the body of a path as sent, compressed already (see
+    :func:`compress`), or ``None`` for an unencoded 404; it goes out with
+    ``Content-Encoding: encoding``. Each request's ``Accept-Encoding`` is recorded
+    in :attr:`accepted`."""
+
+    def __init__(self, answer: Callable[[str], bytes | None], encoding: str = "gzip") -> None:
+        self.accepted: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.accepted.append(self.headers.get("accept-encoding"))
+                body = answer(self.path)
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("content-encoding", encoding)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from cloud_gateway.ota.keys import KeyStore
-from cloud_gateway.ota.publish import OtaRepository
+from cloud_gateway.ota.publish import OtaRepository, due_roles
 from edge_agent.agent import Agent, LayeredSource
 from edge_agent.assemble import OtaSource
 from edge_agent.errors import (
@@ -44,7 +44,9 @@ from edge_agent.ota.crypto import (
     verify_blob,
     wrap_key,
 )
-from edge_agent.ota.fetch import download_resumable
+from edge_agent.ota.fetch import download_resumable, fetch_plan
+from edge_agent.ota.signed import refresh
+from edge_agent.ota.updater import not_for_profile
 from edge_agent.package import ModelRepository
 from edge_agent.policy import load_policy
 from edge_agent.profiles import ProfileStore
@@ -57,10 +59,12 @@ from .ota_world import (
     LIGHT_INT8,
     CuttingProxy,
     Device,
+    EncodingServer,
     GatewayTransport,
     OtaWorld,
     big_package,
     broken_package,
+    compress,
     make_world,
     plan_answer,
 )
@@ -303,6 +307,63 @@ def test_expired_metadata_freezes_nothing(world: OtaWorld) -> None:
     assert_serves(world, device, 3)
 
 
+def test_refresh_keeps_a_fleet_updating_past_the_snapshot_expiry(world: OtaWorld) -> None:
+    device = first_install(world)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    # v3 was published 31 days ago, and nothing since: its snapshot (30 days) has expired
+    month_ago = OtaRepository(world.repo.root, world.keys, clock=lambda: now - timedelta(days=31))
+    month_ago.publish(
+        name="digits-light", version=3, model_file=LIGHT_FP32,
+        groups={GROUP: world.groups.ensure(GROUP)[1]},
+    )  # fmt: skip
+    world.rollouts.start("digits-light", 3, GROUP, 100.0)
+    targets_version = world.repo.load("targets").signed.version
+    # a fresh timestamp alone (what a refresh used to sign) leaves the snapshot expired
+    world.repo.refresh_timestamp()
+    with pytest.raises(MetadataError, match=r"snapshot\.json is expired"):
+        world.updater(device).check()
+    assert_serves(world, device, 2)
+    result = world.repo.refresh()
+    assert result.signed == ["snapshot", "timestamp"] and not result.root_due
+    assert result.expires["snapshot"] == now + timedelta(days=30)
+    assert world.repo.load("targets").signed.version == targets_version  # 59 days left: kept
+    outcome = world.updater(device).check()[0]
+    assert (outcome.version, outcome.status) == (3, "installed")
+    assert_serves(world, device, 3)
+    # 50 days on, the targets (90 days) are past half their life: signed again too
+    later = OtaRepository(world.repo.root, world.keys, clock=lambda: now + timedelta(days=50))
+    assert later.refresh().signed == ["targets", "snapshot", "timestamp"]
+    assert world.repo.load("targets").signed.version == targets_version + 1
+
+
+def test_which_roles_a_refresh_signs() -> None:
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+    def left(**days: float) -> dict[str, datetime]:
+        spans = {"root": 300.0, "targets": 80.0, "snapshot": 25.0, "timestamp": 6.0, **days}
+        return {role: now + timedelta(days=span) for role, span in spans.items()}
+
+    assert due_roles(left(), now) == ["timestamp"]
+    assert due_roles(left(timestamp=-3), now) == ["timestamp"]
+    assert due_roles(left(snapshot=15.1), now) == ["timestamp"]
+    assert due_roles(left(snapshot=14.9), now) == ["snapshot", "timestamp"]
+    assert due_roles(left(snapshot=-1), now) == ["snapshot", "timestamp"]
+    assert due_roles(left(targets=44.9), now) == ["targets", "snapshot", "timestamp"]
+    assert due_roles(left(targets=-1, snapshot=29), now) == ["targets", "snapshot", "timestamp"]
+    assert due_roles(left(root=1), now) == ["timestamp"]  # never the root: renewed by hand
+    assert due_roles(left(snapshot=20, targets=85), now, margin=0.9) == ["snapshot", "timestamp"]
+
+
+def test_refresh_says_when_the_root_nears_expiry(tmp_path: Path) -> None:
+    keys = KeyStore(tmp_path / "keys")
+    keys.init()
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    OtaRepository(tmp_path / "ota", keys, clock=lambda: now - timedelta(days=320)).init()
+    result = OtaRepository(tmp_path / "ota", keys).refresh()
+    assert result.root_due and result.expires["root"] == now + timedelta(days=45)
+    assert result.signed == ["targets", "snapshot", "timestamp"]  # all three had expired
+
+
 def test_mix_and_match_is_refused(world: OtaWorld) -> None:
     device = first_install(world)
     older_targets = metadata(world, "targets").read_bytes()
@@ -475,51 +536,175 @@ def test_bandwidth_cap_paces_the_download(tmp_path: Path, world: OtaWorld) -> No
         download_resumable(client, url, tmp_path / "short", 1000)
 
 
+# -- compression bombs: only unencoded bodies, limits on the bytes on the wire ---------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+def test_a_compressed_blob_is_refused_before_it_is_read(tmp_path: Path, encoding: str) -> None:
+    if encoding == "br":
+        pytest.importorskip("brotli")
+    bomb = compress(b"\0" * (64 << 20), encoding)  # 64 MiB once decoded
+    assert len(bomb) < 100_000
+    server = EncodingServer(lambda path: bomb if path == "/blob" else None, encoding)
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            # the signed length is the wire length: a decoding client would take it all in
+            with pytest.raises(DownloadError, match=f"{encoding}-encoded.*refused"):
+                download_resumable(client, "/blob", tmp_path / "blob", len(bomb))
+            (tmp_path / "half").write_bytes(b"\0" * 100)  # a resumed download too
+            with pytest.raises(DownloadError, match=f"{encoding}-encoded"):
+                download_resumable(client, "/blob", tmp_path / "half", len(bomb))
+    finally:
+        server.close()
+    assert not (tmp_path / "blob").exists()
+    assert (tmp_path / "half").stat().st_size == 100
+    assert server.accepted == ["identity", "identity"]
+
+
+def test_compressed_metadata_and_plan_are_refused(world: OtaWorld, tmp_path: Path) -> None:
+    def answer(path: str) -> bytes | None:
+        if path == "/v2/ota/plan":
+            return compress(b'{"models": [{"name": "digits-light", "version": 2}]}', "gzip")
+        name = path.removeprefix("/v2/ota/metadata/")
+        file = world.repo.metadata_dir / name
+        return compress(file.read_bytes(), "gzip") if "/" not in name and file.is_file() else None
+
+    server = EncodingServer(answer)
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            with pytest.raises(DownloadError, match="gzip-encoded"):
+                fetch_plan(client)
+            # the metadata, through python-tuf's fetcher: valid, signed, but compressed
+            with pytest.raises(DownloadError, match="gzip-encoded"):
+                refresh(
+                    url=server.url, client=client, metadata_dir=tmp_path / "tuf",
+                    downloads=tmp_path, trusted_root=world.repo.root_bytes(), timeout_s=10,
+                )  # fmt: skip
+    finally:
+        server.close()
+    assert server.accepted and set(server.accepted) == {"identity"}
+
+
 # -- power loss: kill -9 at many points of the install ---------------------------------------------
 
 INSTALLER = Path(__file__).with_name("ota_installer.py")
 
 
-def run_installer(
-    device: Device, url: str, crash_at: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def run_installer(device: Device, url: str, *options: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, str(INSTALLER), str(device.bundle), str(device.state), url]
-    if crash_at is not None:
-        command += ["--crash-at", crash_at]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [*command, *options], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+def crash_points(steps: list[str], spread: int) -> list[int]:
+    """Every step of the A/B switch that empties a slot, and ``spread`` more over the rest.
+
+    The switch runs from emptying the trash to the new link (``switched``) of the
+    one model whose inactive slot holds a version (the only one that moves a slot
+    to the trash); the other points are spread evenly over all the other steps,
+    from the plan to the last report.
+    """
+    trash = steps.index("prepare:moved-to-trash")
+    first = max(i for i in range(trash) if steps[i] == "prepare:trash-emptied")
+    switch = range(first, steps.index("switched", trash) + 1)
+    others = [i for i in range(len(steps)) if i not in switch]
+    every = len(others) / spread
+    return sorted({*switch, *(others[int(k * every)] for k in range(spread)), others[-1]})
 
 
 @pytest.mark.slow
 def test_kill_9_at_twenty_points_of_the_install_leaves_a_valid_model(
     world: OtaWorld, tmp_path: Path
 ) -> None:
-    device = first_install(world)
-    world.release("digits-light", 3, LIGHT_FP32)
-    world.release("big", 1, big_package(tmp_path, 6))
+    # the device holds two versions (v2 active, v1 in the other slot): installing v3
+    # empties that slot, then switches; "big" is a first install, with no slot to empty
+    device = world.enroll("cam-01")
+    for version, file in ((1, LIGHT_INT8), (2, LIGHT_FP32)):
+        world.release("digits-light", version, file)
+        assert world.updater(device).check()[0].status == "installed"
+    kept = world.store(device).previous("digits-light")
+    assert kept is not None and kept.version == 1
+    world.release("digits-light", 3, LIGHT_INT8)
+    world.release("big", 1, big_package(tmp_path, 3))
     template = tmp_path / "device-template"
     shutil.copytree(device.state, template, symlinks=True)
-    # a dry run lists the steps of the install
-    listing = run_installer(device, world.url, crash_at="list")
-    steps = [s for s in listing.stdout.splitlines() if s]
-    assert len(steps) >= 20, steps
-    points = steps[:: max(1, len(steps) // 24)]
+    # a dry run lists the steps of the install, in order; a crash point is an index in it
+    steps = run_installer(device, world.url, "--list-steps").stdout.split()
+    points = crash_points(steps, spread=10)
     assert len(points) >= 20
+    chosen = [steps[i] for i in points]
+    for step in ("prepare:moved-to-trash", "prepare:trash-synced", "prepare:old-removed",
+                 "slot:meta-renamed", "activate:link-made", "activate:renamed"):  # fmt: skip
+        assert step in chosen, step
+    assert points[0] <= 1 and points[-1] == len(steps) - 1, (points, len(steps))
     for point in points:
+        where = f"killed at step {point} ({steps[point]})"
         shutil.rmtree(device.state)
         shutil.copytree(template, device.state, symlinks=True)
-        crashed = run_installer(device, world.url, crash_at=point)
-        assert crashed.returncode == -9, (point, crashed.stderr[-500:])
+        crashed = run_installer(device, world.url, "--crash-at", str(point))
+        assert crashed.returncode == -9, (where, crashed.stderr[-500:])
         # after the power cut: a valid model, old or new, never a broken one
-        active = world.store(device).active("digits-light")
-        assert active is not None and active.version in (2, 3), point
+        store = world.store(device)
+        active = store.active("digits-light")
+        assert active is not None and active.version in (2, 3), where
         assert_serves(world, device, active.version)
-        big = world.store(device).active("big")
-        if big is not None:
+        # the other slot: empty, or a complete version (v1, v2, or a v3 written but not
+        # switched to yet, which the next run switches to without a download)
+        previous = store.previous("digits-light")
+        if previous is not None:
+            assert previous.version in {1, 2, 3} - {active.version}, where
+            store.package("digits-light", GROUP, device.enrollment.group_key, previous)
+        if store.active("big") is not None:
             assert_serves(world, device, 1, name="big")
         # and the next run completes the update
-        assert run_installer(device, world.url).returncode == 0, point
+        assert run_installer(device, world.url).returncode == 0, where
         assert_serves(world, device, 3)
         assert_serves(world, device, 1, name="big")
+        kept = store.previous("digits-light")
+        assert kept is not None and kept.version == 2, where
+
+
+# -- profiles: a model published for some device profiles only ----------------------------------
+
+
+def test_a_model_for_other_profiles_is_skipped_not_installed(world: OtaWorld) -> None:
+    device = first_install(world)  # a raspberry-pi-5
+    group_key = {GROUP: world.groups.ensure(GROUP)[1]}
+    world.repo.publish(
+        name="digits-light", version=3, model_file=LIGHT_FP32, groups=group_key,
+        profiles=["jetson-orin-nano", "rk3588"],
+    )  # fmt: skip
+    world.rollouts.start("digits-light", 3, GROUP, 100.0)
+    transport = GatewayTransport()
+    outcomes = world.updater(device, transport=transport).check()
+    assert [(o.version, o.status) for o in outcomes] == [(3, "skipped")]
+    assert "not for this device" in outcomes[0].detail
+    assert "jetson-orin-nano, rk3588" in outcomes[0].detail
+    assert "raspberry-pi-5" in outcomes[0].detail
+    assert transport.blob_requests() == []  # not downloaded
+    assert ("POST", "/v2/ota/report") not in transport.requests  # not a failure, not an attack
+    assert_serves(world, device, 2)
+    # published for several profiles, this device's among them: installed
+    world.repo.publish(
+        name="digits-light", version=4, model_file=LIGHT_FP32, groups=group_key,
+        profiles=["jetson-orin-nano", "raspberry-pi-5"],
+    )  # fmt: skip
+    world.rollouts.start("digits-light", 4, GROUP, 100.0)
+    outcome = world.updater(device).check()[0]
+    assert (outcome.version, outcome.status) == (4, "installed")
+    assert_serves(world, device, 4)
+
+
+def test_which_profiles_a_target_is_for() -> None:
+    assert not_for_profile({"profiles": []}, "raspberry-pi-5") is None
+    assert not_for_profile({}, "raspberry-pi-5") is None
+    assert not_for_profile({"profiles": ["raspberry-pi-5"]}, "raspberry-pi-5") is None
+    assert "not for this device" in (
+        not_for_profile({"profiles": ["rk3588"]}, "raspberry-pi-5") or ""
+    )
+    for malformed in ("raspberry-pi-5-and-more", [5], {"raspberry-pi-5": True}, None):
+        assert "malformed" in (not_for_profile({"profiles": malformed}, "raspberry-pi-5") or "")
 
 
 # -- going back: only on signed evidence ------------------------------------------------------------

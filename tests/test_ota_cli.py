@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cloud_gateway import GatewayConfig, GatewayThread
 
-from .conftest import MODELS
+from .conftest import MODELS, ROOT
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -36,14 +36,11 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
     refused = run(*gateway, "keys", "init", "--dir", str(keys), check=False)
     assert refused.returncode == 1 and "refusing to overwrite" in refused.stderr
 
-    # a device joins before anything is published: the first publish makes the repository
-    run(*gateway, "device", "add", "warm-up", "--group", "rpi5-int8")
-    published = run(
-        *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys),
-        "--name", "digits-light", "--version", "2", "--file", str(MODELS / "digits-light/1/model.int8.tflite"),
-        "--group", "rpi5-int8",
-    )  # fmt: skip
-    assert "published digits-light v2" in published.stdout
+    # the README's order: an empty signed repository first, then a device joins (before
+    # anything is published) and gets its root as trust anchor, then the first publish
+    run(*gateway, "ota", "init", "--repository", str(ota), "--keys", str(keys))
+    again = run(*gateway, "ota", "init", "--repository", str(ota), "--keys", str(keys), check=False)
+    assert again.returncode == 1 and "exists already" in again.stderr
     bundle = tmp_path / "cam-01.json"
     added = run(
         *gateway, "device", "add", "cam-01", "--group", "rpi5-int8", "--repository", str(ota),
@@ -54,6 +51,16 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
     assert document["token"] == added.stdout.strip()
     assert document["trusted_root"]["signed"]["_type"] == "root"
     assert mode(state / "groups" / "rpi5-int8.json") == 0o600
+    published = run(
+        *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys),
+        "--name", "digits-light", "--version", "2", "--file", str(MODELS / "digits-light/1/model.int8.tflite"),
+        "--group", "rpi5-int8",
+    )  # fmt: skip
+    assert "published digits-light v2" in published.stdout
+    assert "initialised" not in published.stderr  # ota init made it
+    refreshed = run(*gateway, "ota", "refresh", "--repository", str(ota), "--keys", str(keys))
+    assert "signed new timestamp metadata" in refreshed.stdout
+    assert "snapshot  expires" in refreshed.stdout and refreshed.stderr == ""
     no_group = run(
         *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys), "--name", "x",
         "--version", "1", "--file", str(MODELS / "digits-light/1/model.fp32.onnx"), "--group", "nobody",
@@ -189,6 +196,18 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
         assert "rolled back 1" in status
     finally:
         thread.stop()
+
+
+def test_the_readme_runs_the_commands_in_this_order() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Over-the-air model updates") :]
+    block = section[section.index("```sh") : section.index("```", section.index("```sh") + 5)]
+    order = [
+        block.index(command)
+        for command in ("keys init", "ota init", "device add", "models publish", "rollout start")
+    ]
+    assert order == sorted(order), block
+    assert "--repository ota --bundle" in block  # the device add that needs the root
 
 
 def test_keys_init_force_never_replaces_keys_a_repository_uses(tmp_path: Path) -> None:

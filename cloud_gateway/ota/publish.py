@@ -26,6 +26,17 @@ device refuses to install it and, if it runs it, goes back to its previous
 version. This signature is the only thing that moves a device back (the
 gateway's plan is not signed).
 
+Keeping the metadata fresh (:meth:`OtaRepository.refresh`, ``cloud-gateway ota
+refresh``, run daily by a timer): every role's metadata expires
+(:data:`EXPIRY_DAYS`), and a device refuses expired metadata (a freeze attack
+looks the same as a repository nobody signs any more). A refresh signs a new
+timestamp every time, and new snapshot and targets versions when fewer than
+:data:`REFRESH_MARGIN` of their lifetime is left (new targets need a new
+snapshot, a new snapshot a new timestamp). A refresh never signs the root:
+renewing the trust anchor is an operator's deliberate act (``keys rotate
+--role root``), and the refresh says when fewer than :data:`ROOT_NOTICE_DAYS`
+are left.
+
 Every change of the metadata is a read-modify-write of the newest versions,
 so it runs under an ``flock`` on ``<ota>/.lock``: two publishers (or a
 publish and a rotation) never sign the same version twice. Names are held to
@@ -40,7 +51,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -61,9 +72,21 @@ from edge_agent.ota.plan import (
     payload_target,
 )
 
-__all__ = ["EXPIRY_DAYS", "OtaRepository", "PublishResult", "key_target", "payload_target"]
+__all__ = [
+    "EXPIRY_DAYS",
+    "REFRESH_MARGIN",
+    "ROOT_NOTICE_DAYS",
+    "OtaRepository",
+    "PublishResult",
+    "RefreshResult",
+    "due_roles",
+    "key_target",
+    "payload_target",
+]
 
 EXPIRY_DAYS = {"root": 365, "targets": 90, "snapshot": 30, "timestamp": 7}
+REFRESH_MARGIN = 0.5  # re-sign snapshot and targets when less than this share of life is left
+ROOT_NOTICE_DAYS = 60  # say so when the root has fewer days left (it is rotated by hand)
 
 
 @dataclass
@@ -78,8 +101,43 @@ class PublishResult:
     targets_version: int = 0
 
 
+@dataclass(frozen=True)
+class RefreshResult:
+    """What :meth:`OtaRepository.refresh` signed, and when each role expires now.
+
+    ``root_due``: the root expires within :data:`ROOT_NOTICE_DAYS`; an operator
+    renews it by hand (``cloud-gateway keys rotate --role root``).
+    """
+
+    signed: list[str]
+    expires: dict[str, datetime]
+    root_due: bool
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def due_roles(
+    expires: dict[str, datetime],
+    now: datetime,
+    *,
+    days: dict[str, int] | None = None,
+    margin: float = REFRESH_MARGIN,
+) -> list[str]:
+    """The roles a refresh signs again: the timestamp always, and below it every role
+    with less than ``margin`` of its lifetime (``days``) left, with the roles that name
+    it (new targets need a new snapshot). Pure: ``expires`` maps role -> expiry."""
+    lifetime = {**EXPIRY_DAYS, **(days or {})}
+
+    def due(role: str) -> bool:
+        return expires[role] - now < timedelta(days=lifetime[role]) * margin
+
+    if due("targets"):
+        return ["targets", "snapshot", "timestamp"]
+    if due("snapshot"):
+        return ["snapshot", "timestamp"]
+    return ["timestamp"]
 
 
 def _write_json_atomically(path: Path, data: bytes) -> None:
@@ -92,9 +150,19 @@ def _write_json_atomically(path: Path, data: bytes) -> None:
 
 
 class OtaRepository:
-    def __init__(self, root: Path, keys: KeyStore | None = None) -> None:
+    """A repository in ``root``, signed with ``keys``; ``clock`` is the time it signs at
+    (UTC, whole seconds; the tests move it)."""
+
+    def __init__(
+        self,
+        root: Path,
+        keys: KeyStore | None = None,
+        *,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
         self.root = Path(root)
         self.keys = keys
+        self._clock = clock
         self.metadata_dir = self.root / "metadata"
         self.targets_dir = self.root / "targets"
         self._thread_lock = threading.RLock()
@@ -195,7 +263,7 @@ class OtaRepository:
         days = {**EXPIRY_DAYS, **(expiry_days or {})}
         self.metadata_dir.mkdir(parents=True, exist_ok=True)
         self.targets_dir.mkdir(parents=True, exist_ok=True)
-        now = _now()
+        now = self._clock()
         root = Root(expires=now + timedelta(days=days["root"]), consistent_snapshot=True)
         for role in ROLES:
             signer = keys.signer(role)
@@ -215,7 +283,7 @@ class OtaRepository:
         from tuf.api.metadata import MetaFile
 
         days = {**EXPIRY_DAYS, **(expiry_days or {})}
-        now = _now()
+        now = self._clock()
         targets.signed.version += 1
         targets.signed.expires = now + timedelta(days=days["targets"])
         self._sign_and_write(targets, "targets")
@@ -240,10 +308,47 @@ class OtaRepository:
         days = {**EXPIRY_DAYS, **(expiry_days or {})}
         timestamp = self.load("timestamp")
         timestamp.signed.version += 1
-        timestamp.signed.expires = _now() + timedelta(days=days["timestamp"])
+        timestamp.signed.expires = self._clock() + timedelta(days=days["timestamp"])
         if snapshot_version is not None:
             timestamp.signed.snapshot_meta = MetaFile(version=snapshot_version)
         self._sign_and_write(timestamp, "timestamp")
+
+    def refresh(
+        self, *, margin: float = REFRESH_MARGIN, expiry_days: dict[str, int] | None = None
+    ) -> RefreshResult:
+        """Sign new versions of what expires soon: the timestamp always, snapshot and
+        targets when less than ``margin`` of their lifetime is left (:func:`due_roles`).
+
+        Run it well within the timestamp's lifetime (daily): a device refuses
+        expired metadata. The root is never signed here (see :class:`RefreshResult`).
+
+        Raises:
+            ConfigError: no repository here, or the keys are missing.
+        """
+        from tuf.api.metadata import MetaFile
+
+        with self._locked():
+            if not self.initialized():
+                raise ConfigError("no OTA repository here (cloud-gateway ota init)", path=self.root)
+            days = {**EXPIRY_DAYS, **(expiry_days or {})}
+            expires = {role: self.load(role).signed.expires for role in ROLES}
+            signed = due_roles(expires, self._clock(), days=days, margin=margin)
+            if "targets" in signed:
+                self._commit_targets(self.load("targets"), expiry_days=days)
+            elif "snapshot" in signed:
+                snapshot = self.load("snapshot")
+                snapshot.signed.version += 1
+                snapshot.signed.expires = self._clock() + timedelta(days=days["snapshot"])
+                snapshot.signed.meta["targets.json"] = MetaFile(
+                    version=self._latest_version("targets")
+                )
+                self._sign_and_write(snapshot, "snapshot")
+                self._timestamp(snapshot.signed.version, days)
+            else:
+                self._timestamp(None, days)
+            expires = {role: self.load(role).signed.expires for role in ROLES}
+            root_due = expires["root"] - self._clock() < timedelta(days=ROOT_NOTICE_DAYS)
+            return RefreshResult(signed, expires, root_due)
 
     def _add_target(self, path: str, local: Path, custom: dict[str, Any]) -> Any:
         from tuf.api.metadata import TargetFile
@@ -366,7 +471,7 @@ class OtaRepository:
             if custom.get("withdrawn") is True:
                 raise ConfigError(f"{name} version {version} is withdrawn already", path=self.root)
             custom["withdrawn"] = True
-            custom["withdrawn_at"] = _now().isoformat()
+            custom["withdrawn_at"] = self._clock().isoformat()
             return self._commit_targets(targets, expiry_days=expiry_days)
 
     def rotate(self, role: str) -> int:
@@ -393,7 +498,7 @@ class OtaRepository:
                 Key.from_dict(signer.public_key.keyid, signer.public_key.to_dict()), role
             )
             root.signed.version += 1
-            root.signed.expires = _now() + timedelta(days=EXPIRY_DAYS["root"])
+            root.signed.expires = self._clock() + timedelta(days=EXPIRY_DAYS["root"])
             signers = (old_root_signer, signer) if role == "root" else (old_root_signer,)
             self._sign_and_write(root, "root", *signers)
             keys.commit(role)

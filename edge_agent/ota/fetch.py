@@ -10,6 +10,12 @@ refused as soon as the server announces or sends it), and can be held to a
 bandwidth cap. :func:`fetch_plan` reads the gateway's (unsigned) plan, never
 more than :data:`~edge_agent.ota.plan.MAX_PLAN_BYTES` of it. httpx's
 exceptions are translated here.
+
+Every request asks for the body unencoded (``Accept-Encoding: identity``),
+any other ``Content-Encoding`` in the answer is refused before a byte is read,
+and bodies are read raw (:func:`_unencoded`): each byte limit counts the bytes
+on the wire, so a few hundred compressed bytes can never become hundreds of
+megabytes in memory before a limit sees them (a compression bomb).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,50 @@ from edge_agent.ota.plan import MAX_PLAN_BYTES
 __all__ = ["GatewayFetcher", "download_resumable", "fetch_plan"]
 
 CHUNK = 1 << 20
+IDENTITY = {"accept-encoding": "identity"}
+
+
+@contextmanager
+def _unencoded(
+    client: Any,
+    url: str,
+    *,
+    what: str,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> Iterator[Any]:
+    """``GET url`` as a stream, asked for and accepted only without a content encoding.
+
+    Read the body with :func:`_raw`: the bytes as sent, so that a caller's
+    byte limit holds for what crosses the wire.
+
+    Raises:
+        DownloadError: the answer comes with a ``Content-Encoding`` other than
+            ``identity`` (``what`` names the body in the message).
+        httpx.HTTPError: the request failed (the caller translates it).
+    """
+    with client.stream("GET", url, headers={**(headers or {}), **IDENTITY}, timeout=timeout) as (
+        response
+    ):
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise DownloadError(
+                f"{what} came {encoding}-encoded although only an unencoded body was asked "
+                "for; refused (a compressed body could grow past its length limit)"
+            )
+        yield response
+
+
+def _raw(response: Any, chunk_size: int | None = None) -> Iterator[bytes]:
+    """The body of an unencoded response as it arrives (never decoded, never buffered).
+
+    A response made with its body in memory (an ``httpx`` transport of the
+    tests' own) has nothing left to stream: its body is that.
+    """
+    if response.is_stream_consumed:
+        yield response.content
+        return
+    yield from response.iter_raw(chunk_size)
 
 
 def _fetcher_base() -> Any:
@@ -47,12 +98,14 @@ class GatewayFetcher(_fetcher_base()):  # type: ignore[misc]
         from tuf.api import exceptions
 
         try:
-            with self.client.stream("GET", url, timeout=self.timeout) as response:
+            with _unencoded(self.client, url, what=f"GET {url}", timeout=self.timeout) as response:
                 if response.status_code != 200:
                     raise exceptions.DownloadHTTPError(
                         f"GET {url}: {response.status_code}", response.status_code
                     )
-                yield from response.iter_bytes(CHUNK)
+                yield from _raw(response, CHUNK)  # python-tuf counts these against its limit
+        except DownloadError as exc:
+            raise exceptions.DownloadError(str(exc)) from exc
         except httpx.TimeoutException as exc:
             raise exceptions.SlowRetrievalError(f"GET {url} timed out") from exc
         except httpx.HTTPError as exc:
@@ -73,13 +126,10 @@ def fetch_plan(client: Any, *, timeout: float = 30.0) -> bytes:
 
     body = bytearray()
     try:
-        with client.stream(
-            "GET", "/v2/ota/plan", headers={"accept-encoding": "identity"}, timeout=timeout
+        with _unencoded(
+            client, "/v2/ota/plan", what="the update plan", timeout=timeout
         ) as response:
-            encoding = response.headers.get("content-encoding", "identity")
-            if encoding != "identity":
-                raise DownloadError(f"the update plan came {encoding}-encoded; refused")
-            for chunk in response.iter_bytes():  # not decoded: it is unencoded
+            for chunk in _raw(response):
                 body += chunk
                 if len(body) > MAX_PLAN_BYTES:
                     raise DownloadError(f"the update plan is over {MAX_PLAN_BYTES} bytes; refused")
@@ -111,7 +161,8 @@ def download_resumable(
 
     Raises:
         DownloadError: the connection failed or was cut (call again to resume),
-            or the server sent, or announced, more than ``length`` bytes.
+            the server sent, or announced, more than ``length`` bytes, or it
+            sent the blob with a content encoding.
     """
     import httpx
 
@@ -129,7 +180,9 @@ def download_resumable(
     headers = {"Range": f"bytes={have}-"} if have else {}
     started, sent_since = clock(), 0
     try:
-        with client.stream("GET", url, headers=headers, timeout=timeout) as response:
+        with _unencoded(
+            client, url, what=f"GET {url}", timeout=timeout, headers=headers
+        ) as response:
             if response.status_code == 206 and have:
                 if not response.headers.get("content-range", "").startswith(f"bytes {have}-"):
                     raise DownloadError(f"GET {url}: the server resumed at the wrong offset")
@@ -147,7 +200,7 @@ def download_resumable(
                     f"metadata says {length}; refused (endless data)"
                 )
             with target.open(mode) as out:
-                for chunk in response.iter_bytes():  # as it arrives: a cut loses nothing
+                for chunk in _raw(response):  # as it arrives: a cut loses nothing
                     if have + len(chunk) > length:
                         raise DownloadError(
                             f"GET {url}: more than the {length} bytes the signed metadata "

@@ -133,7 +133,7 @@ class Installer:
             raise
 
         # only now is the previous version given up: the inactive slot is emptied
-        slot = self.store.prepare(name)
+        slot = self.store.prepare(name, on_step=self.on_step)
         self.on_step("slot-prepared")
         written = self.store.write(
             slot,

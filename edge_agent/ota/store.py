@@ -206,13 +206,16 @@ class OtaStore:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _remove(self, path: Path) -> None:
+    def _remove(self, path: Path, on_step: Callable[[str], None] = lambda step: None) -> None:
         """Remove a slot: first one atomic, flushed rename out of ``models``, then its files."""
         grave = self.trash / f"{path.parent.name}.{path.name}.{uuid.uuid4().hex}"
         os.replace(path, grave)
+        on_step("prepare:moved-to-trash")
         fsync_dir(path.parent)
         fsync_dir(self.trash)
+        on_step("prepare:trash-synced")
         shutil.rmtree(grave)
+        on_step("prepare:old-removed")
 
     def _empty_trash(self) -> None:
         for leftover in self.trash.iterdir():  # slots a power cut left half removed
@@ -221,16 +224,21 @@ class OtaStore:
             else:
                 leftover.unlink()
 
-    def prepare(self, name: str) -> Path:
-        """Empty the inactive slot and return it (hold :meth:`locked`)."""
+    def prepare(self, name: str, *, on_step: Callable[[str], None] = lambda step: None) -> Path:
+        """Empty the inactive slot and return it (hold :meth:`locked`).
+
+        ``on_step`` is called between the steps, as in :meth:`write`.
+        """
         folder = self._folder(name)
         folder.mkdir(parents=True, exist_ok=True)
         self._empty_trash()
+        on_step("prepare:trash-emptied")
         active = self.active_slot_name(name)
         slot = folder / ("b" if active == "a" else "a")
         if slot.exists():
-            self._remove(slot)
+            self._remove(slot, on_step)
         slot.mkdir()
+        on_step("prepare:slot-made")
         fsync_dir(folder)
         return slot
 

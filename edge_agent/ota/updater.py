@@ -7,7 +7,9 @@ time, across processes) and, for each model the gateway's plan names:
    root, versions never going back, nothing expired, snapshot consistency);
    the plan is only a hint (:mod:`edge_agent.ota.plan`): a target it names
    must be in signed metadata, for this device's group, not withdrawn, and
-   newer than what is installed;
+   newer than what is installed; a target published for device profiles
+   (``models publish --profile``) that do not include this device's is
+   skipped, not downloaded (not for this device: no fault, nothing reported);
 2. fetch the group's wrapped data key (a signed target too) and unwrap it;
 3. download the blob, resuming after a cut, never past its signed length
    (partial downloads of targets no longer offered are removed);
@@ -55,7 +57,7 @@ from edge_agent.ota.store import OtaStore, SlotInfo
 from edge_agent.package import ModelPackage
 from edge_agent.profiles.schema import DeviceProfile
 
-__all__ = ["OtaUpdater", "UpdateOutcome", "UpdateSettings", "smoke_test"]
+__all__ = ["OtaUpdater", "UpdateOutcome", "UpdateSettings", "not_for_profile", "smoke_test"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,23 @@ class UpdateOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
+
+
+def not_for_profile(custom: Any, profile: str) -> str | None:
+    """Why a target's signed custom fields keep it from a device of ``profile``, or ``None``.
+
+    ``profiles`` empty or absent: for every device; otherwise it must name
+    ``profile``. Anything but a list of strings there is for no device. Pure.
+    """
+    profiles = custom.get("profiles", []) if isinstance(custom, dict) else []
+    if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+        return f"is not for this device: its signed profiles are malformed ({profiles!r:.80})"
+    if profiles and profile not in profiles:
+        return (
+            f"is not for this device: it is published for profiles {', '.join(profiles)}, "
+            f"and this device's is {profile}"
+        )
+    return None
 
 
 class OtaUpdater:
@@ -224,6 +243,10 @@ class OtaUpdater:
         if entry.withdrawn and (active is None or active.version != version):
             return None  # an aborted version this device does not run: nothing to do
         if active is None or version > active.version:
+            info = signed.target(payload_target(name, version))
+            elsewhere = not_for_profile(info.custom if info else None, self.profile.id)
+            if elsewhere is not None:
+                return self._stay(name, version, f"v{version} {elsewhere}")
             return self._install_outcome(signed, name, version)
         # the plan names the installed version, or an older one: only a signed
         # withdrawal of the installed version moves the device
