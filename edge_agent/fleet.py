@@ -64,10 +64,10 @@ class FleetLink:
             self.telemetry.start()
 
     def stop(self, drain_s: float = 2.0) -> None:
-        """Send what is queued (for up to ``drain_s``), then disconnect; the rest stays on disk."""
+        """Queue a last telemetry report, send what is queued (for up to ``drain_s``),
+        then disconnect; the rest stays on disk."""
         if self.telemetry is not None:
-            self.telemetry.drain(drain_s)
-            self.telemetry.stop()
+            self.telemetry.stop(drain_s=drain_s)
         self.connection.close()
         if self.telemetry is not None:
             self.telemetry.queue.close()

@@ -11,7 +11,13 @@ Topics: ``devices/<id>/telemetry/<kind>`` with kinds ``status`` (profile,
 model versions, temperatures, power mode, queue), ``decisions``,
 ``latency`` and ``ota``. Every message carries the device's sequence number
 (persisted), so a consumer can tell duplicates (at-least-once delivery) and
-gaps.
+gaps. The status also carries the link's counters: MQTT payloads dropped as
+unparsable (by subscription), and with an offload client its breaker's state,
+the exit guard's refusals (by reason) and responses that matched no request.
+
+Stopping (:meth:`Telemetry.stop`) queues one last periodic report, marked
+``"final": true``, so the counts since the last interval are not lost; what
+the broker does not take before the stop stays on disk for the next start.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from edge_agent.protocol.mqtt import telemetry_topic
 if TYPE_CHECKING:
     from edge_agent.agent import Agent
 
-__all__ = ["Telemetry", "TelemetryQueue", "agent_reports"]
+__all__ = ["Telemetry", "TelemetryQueue", "agent_reports", "offload_report"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +130,25 @@ class TelemetryQueue:
             self._db.close()
 
 
+def offload_report(agent: Agent) -> dict[str, Any] | None:
+    """The state of an agent's offload link (``None`` without one): the breaker's
+    state and how often it opened, the exit guard's refusals by reason, and (for
+    transports that count them) responses that matched no request."""
+    offload = agent.offload
+    if offload is None:
+        return None
+    report: dict[str, Any] = {
+        "transport": offload.transport.name,
+        "breaker": offload.breaker.state,
+        "breaker_opened": offload.breaker.opened,
+        "guard_refusals": dict(offload.guard.refusals),
+    }
+    unmatched = getattr(offload.transport, "unmatched", None)
+    if isinstance(unmatched, int):
+        report["unmatched_responses"] = unmatched
+    return report
+
+
 def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
     """The periodic telemetry of an agent, by kind: status, decisions, latency."""
     state = agent.device_state()
@@ -131,16 +156,20 @@ def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
         {"action": action, "reason": reason, "count": count}
         for (action, reason), count in sorted(agent.counter.snapshot().items())
     ]
+    status: dict[str, Any] = {
+        "profile": agent.profile.id,
+        "power_mode": agent.power_mode,
+        "models": agent.loaded(),
+        "temperatures": dict(state.temperatures),
+        "throttled": state.throttled,
+        "critical": state.critical,
+        "cpu_load": state.cpu_load,
+    }
+    offload = offload_report(agent)
+    if offload is not None:
+        status["offload"] = offload
     return {
-        "status": {
-            "profile": agent.profile.id,
-            "power_mode": agent.power_mode,
-            "models": agent.loaded(),
-            "temperatures": dict(state.temperatures),
-            "throttled": state.throttled,
-            "critical": state.critical,
-            "cpu_load": state.cpu_load,
-        },
+        "status": status,
         "decisions": {
             "decisions": decisions,
             "degraded": agent.degraded,
@@ -155,7 +184,7 @@ class Telemetry:
 
     ``periodic()`` returns the messages to send every ``interval_s`` (by kind;
     :func:`agent_reports` for an agent); :meth:`emit` queues one at any time
-    (OTA events).
+    (OTA events). :meth:`stop` queues a last periodic report.
     """
 
     def __init__(
@@ -181,8 +210,10 @@ class Telemetry:
         self._resuming = False
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()  # the sender's
+        self._stop_reports = threading.Event()  # the periodic reports'
+        self._sender: threading.Thread | None = None
+        self._reporter: threading.Thread | None = None
         self.sent = 0
         self.refused = 0
         connection.on_published(self._acknowledged)
@@ -201,13 +232,17 @@ class Telemetry:
         self.queue.put(telemetry_topic(device, kind), build)
         self._wake.set()
 
-    def emit_periodic(self) -> None:
+    def emit_periodic(self, *, final: bool = False) -> None:
+        """Queue the periodic reports (``final``: the last, at a stop, says so)."""
         for kind, data in self.periodic().items():
             if kind == "status":
                 data = {
                     **data,
                     "queue": {"waiting": self.queue.size, "dropped": self.queue.dropped},
+                    "mqtt": {"dropped": dict(self.connection.dropped)},
                 }
+            if final:
+                data = {**data, "final": True}
             self.emit(kind, data)
 
     # -- sending -------------------------------------------------------------------------------
@@ -291,16 +326,18 @@ class Telemetry:
                 self.emit_periodic()
             except Exception:
                 log.exception("periodic telemetry")
-            if self._stop.wait(self.interval_s):
+            if self._stop_reports.wait(self.interval_s):
                 return
 
     def start(self) -> None:
-        for target in (self._send_loop, self._periodic_loop):
-            thread = threading.Thread(
-                target=target, name=f"telemetry-{target.__name__}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+        self._sender = self._spawn(self._send_loop)
+        self._reporter = self._spawn(self._periodic_loop)
+
+    @staticmethod
+    def _spawn(target: Callable[[], None]) -> threading.Thread:
+        thread = threading.Thread(target=target, name=f"telemetry-{target.__name__}", daemon=True)
+        thread.start()
+        return thread
 
     def drain(self, timeout: float) -> bool:
         """Wait until the queue is empty (everything acknowledged) or ``timeout`` passes."""
@@ -312,10 +349,26 @@ class Telemetry:
             time.sleep(0.02)
         return self.queue.size == 0
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 0.0) -> None:
+        """Stop: queue a last periodic report (the counts since the last interval,
+        marked ``final``) if :meth:`start` ran, send what the broker acknowledges
+        within ``drain_s`` seconds, then end the threads. The rest stays queued on
+        disk and goes first after the next start."""
+        reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            self._stop_reports.set()
+            reporter.join(timeout=5)
+            try:
+                self.emit_periodic(final=True)
+            except Exception:
+                log.exception("the final telemetry report")
+        if drain_s > 0:
+            self.drain(drain_s)
         self.connection.forget(self._acknowledged)
         self.connection.forget(self._connection_changed)
+        self._stop_reports.set()
         self._stop.set()
         self._wake.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.join(timeout=5)

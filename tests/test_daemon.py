@@ -361,7 +361,11 @@ def test_sighup_reloads_a_good_config_and_refuses_a_broken_one(agent: Running) -
     before = len(agent.messages)
     agent.process.send_signal(signal.SIGHUP)
     agent.wait_message("READY=1", after=before)
-    assert any("reload refused" in entry["message"] for entry in agent.logs())
+    refused = [e["message"] for e in agent.logs() if "reload refused" in e["message"]]
+    assert len(refused) == 1
+    # the line says why: the file, what is wrong and where
+    assert f"{agent.config}: invalid TOML" in refused[0]
+    assert "line " in refused[0]
     status, _ = agent.post_json("/v2/models/digits-light/infer", document)
     assert status == 403  # still the good one
     # a policy that is not even text
@@ -374,8 +378,99 @@ def test_sighup_reloads_a_good_config_and_refuses_a_broken_one(agent: Running) -
     while sum("reload refused" in e["message"] for e in agent.logs()) < 2:
         assert time.monotonic() < end, "no second 'reload refused' in the log"
         time.sleep(0.05)
+    refused = [e["message"] for e in agent.logs() if "reload refused" in e["message"]]
+    assert str(policy) in refused[1]  # the policy file is named
     assert agent.post_json("/v2/models/digits-light/infer", document)[0] == 403
     assert agent.process.poll() is None
+
+
+def wait_logged(agent: Running, text: str, timeout: float = 10.0) -> list[str]:
+    end = time.monotonic() + timeout
+    while True:
+        found = [e["message"] for e in agent.logs() if text in e["message"]]
+        if found:
+            return found
+        assert time.monotonic() < end, f"no {text!r} in the log: {agent.stderr[-10:]}"
+        time.sleep(0.05)
+
+
+def test_sighup_keeps_the_device_settings_and_says_they_take_a_restart(
+    agent: Running, tmp_path: Path
+) -> None:
+    def variant() -> str:
+        text = agent.get("/metrics")[1].decode()
+        for line in text.splitlines():
+            if line.startswith("edge_agent_model_loaded{") and 'model="digits-light"' in line:
+                return line.split('variant="')[1].split('"')[0]
+        return "?"
+
+    assert variant() == "tflite-int8"  # raspberry-pi-5
+    other = make_root(tmp_path / "other-root", cpus=2, temperatures={0: 90_000})
+    text = agent.config.read_text()
+    text = text.replace('device_id = "cam-01"', 'device_id = "cam-02"')
+    text = text.replace('profile = "raspberry-pi-5"', 'profile = "jetson-orin-nano"')
+    text = text.replace(f'root = "{agent.root}"', f'root = "{other}"')
+    agent.config.write_text(text)
+    before = len(agent.messages)
+    agent.process.send_signal(signal.SIGHUP)
+    agent.wait_message("READY=1", after=before)
+    for name in ("device_id", "profile", "root"):
+        lines = wait_logged(agent, f"{name} changed: it takes effect at the next restart")
+        assert len(lines) == 1
+    assert not any("reload refused" in e["message"] for e in agent.logs())
+    assert any(e["message"].startswith("reloaded ") for e in agent.logs())
+    # the running device's settings stay: its profile's variant, its root's temperatures
+    assert variant() == "tflite-int8"
+    metrics = agent.get("/metrics")[1].decode()
+    assert metric_value(metrics, "edge_agent_temperature_celsius", zone="cpu") == 50.0
+    assert metric_value(metrics, "edge_agent_thermal_level", level="normal") == 1.0
+
+
+def test_requests_sent_during_a_sighup_reload_all_succeed(agent: Running) -> None:
+    x = light_rows(1)
+    document = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+    results: list[int | str] = []
+    stop = threading.Event()
+
+    def burst() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", agent.http_port, timeout=30)
+        while not stop.is_set():
+            try:
+                connection.request("POST", "/v2/models/digits-light/infer", json.dumps(document))
+                response = connection.getresponse()
+                response.read()
+                results.append(response.status)
+            except (OSError, http.client.HTTPException) as exc:  # a dropped request: a failure
+                results.append(repr(exc))
+                connection.close()
+
+    threads = [threading.Thread(target=burst) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        while len(results) < 20:
+            time.sleep(0.01)
+        for deadline_ms in (900, 800):  # two reloads, each building and warming a new agent
+            text = agent.config.read_text()
+            agent.config.write_text(f"deadline_ms = {deadline_ms}\n" + text)
+            before = len(agent.messages)
+            during = len(results)
+            agent.process.send_signal(signal.SIGHUP)
+            agent.wait_message("RELOADING=1", after=before)
+            agent.wait_message("READY=1", after=before)
+            assert len(results) > during  # requests went on meanwhile
+            agent.config.write_text(text)
+        after = len(results)
+        while len(results) < after + 20:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert sum(1 for e in agent.logs() if e["message"].startswith("reloaded ")) == 2
+    assert len(results) >= 60
+    assert set(results) == {200}, sorted(set(map(str, results)))
 
 
 class SilentGateway:

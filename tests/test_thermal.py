@@ -11,14 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from edge_agent.agent import Agent
 from edge_agent.errors import ProfileError
+from edge_agent.package import ModelRepository
+from edge_agent.policy.rules import PolicyRules
 from edge_agent.profiles import DeviceProfile, ProfileStore
 from edge_agent.profiles.state import read_device_state
 from edge_agent.service.thermal import ThermalController
 
-from .conftest import make_root
+from .conftest import MODELS, make_root
 
 ZONE = "sys/class/thermal/thermal_zone0/temp"
 
@@ -173,6 +177,63 @@ def test_modes_move_one_per_step_down_and_back_up_to_home(pi5: DeviceProfile, ro
     assert modes[3:] == ["balanced", "performance", "performance"]
     assert (thermal.steps_down, thermal.steps_up) == (2, 2)
     assert [governor for governor, _ in cpufreq(root)] == ["performance"] * 2
+
+
+def test_within_the_hysteresis_band_the_mode_holds(pi5: DeviceProfile, root: Path) -> None:
+    precisions = Precisions()
+    thermal = controller(pi5, root, precisions, home_mode="performance")
+    heat(root, 82.0)  # above the 80 C throttle: one step down
+    thermal.step()
+    assert (thermal.level, thermal.power_mode, thermal.steps_down) == ("hot", "balanced", 1)
+    for celsius in (78.0, 78.0, 75.5):  # below throttle, above throttle - hysteresis (75)
+        heat(root, celsius)
+        thermal.step()
+        assert (thermal.level, thermal.power_mode) == ("hot", "balanced"), celsius
+        assert (thermal.steps_down, thermal.steps_up) == (1, 0)
+        assert thermal.state().throttled  # the policy still offloads meanwhile
+    assert cpufreq(root) == [("ondemand", "2400000")] * 2  # balanced, not powersave
+    heat(root, 74.0)  # below the band: back up
+    thermal.step()
+    assert (thermal.level, thermal.power_mode, thermal.steps_up) == ("normal", "performance", 1)
+    assert precisions.calls == ["int8", None]
+    assert [governor for governor, _ in cpufreq(root)] == ["performance"] * 2
+
+
+def test_under_heat_the_agent_switches_to_its_int8_variant(
+    profiles: ProfileStore, tmp_path: Path
+) -> None:
+    orin = profiles.get("jetson-orin-nano")
+    root = make_root(tmp_path, tegra="# R36 (release)", temperatures={0: 50000, 1: 50000})
+    applied: list[str] = []
+    agent: Agent
+    thermal = ThermalController(
+        orin,
+        root,
+        apply_power_mode=applied.append,  # nvpmodel is not in a fake root
+        set_precision=lambda precision: agent.prefer_precision(precision),
+    )
+    agent = Agent(
+        profile=orin,
+        repository=ModelRepository(MODELS),
+        rules=PolicyRules(),
+        device_state=thermal.state,
+    )
+    try:
+        agent.local_model("digits-light")
+        assert agent.loaded()["digits-light"]["variant"] == "onnx-fp16"
+        x = ModelRepository(MODELS).get("digits-light").evaluation()[0][:2].astype(np.float32)
+        (root / "sys/class/thermal/thermal_zone1/temp").write_text("87000\n")  # the GPU
+        thermal.step()
+        assert (thermal.level, thermal.precision, applied) == ("hot", "int8", ["7w"])
+        assert agent.loaded()["digits-light"]["variant"] == "onnx-int8"
+        result = agent.local_model("digits-light").session.run({"pixels": x})
+        assert result["probabilities"].shape == (2, 10)
+        (root / "sys/class/thermal/thermal_zone1/temp").write_text("60000\n")
+        thermal.step()
+        assert (thermal.level, thermal.precision, applied) == ("normal", None, ["7w", "15w"])
+        assert agent.loaded()["digits-light"]["variant"] == "onnx-fp16"
+    finally:
+        agent.close()
 
 
 def test_stepping_back_up_lifts_the_powersave_frequency_cap(pi5: DeviceProfile, root: Path) -> None:

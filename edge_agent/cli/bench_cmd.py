@@ -42,7 +42,7 @@ def register(commands: Any) -> None:
         "--requests", type=int, default=300, help="round trips each (mqtt, service)"
     )
     parser.add_argument(
-        "--soak-s", type=float, default=120.0, help="seconds of mixed load (service)"
+        "--soak-s", type=float, default=300.0, help="seconds of mixed load (service)"
     )
     parser.add_argument(
         "--starts", type=int, default=5, help="daemon starts per configuration (service)"

@@ -16,8 +16,9 @@ Signals, handled on the main thread:
   new agent beside the running one; if anything is wrong the new one is
   refused, the running one kept, and the log says why. Requests never wait
   for a reload: they go to whichever agent is current when they arrive.
-  ``[api]``, ``[mqtt]``, ``[ota]``, ``[logging]`` and ``state_dir`` take a
-  restart (a reload that changes them says so).
+  ``[api]``, ``[mqtt]``, ``[ota]``, ``[logging]``, ``[telemetry]``,
+  ``[thermal]``, ``device_id``, ``profile``, ``root`` and ``state_dir`` take a
+  restart (a reload that changes them keeps the running values and says so).
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ __all__ = ["Daemon"]
 
 log = logging.getLogger(__name__)
 
-RESTART_SECTIONS = ("api", "mqtt", "ota", "logging", "state_dir", "telemetry", "thermal")
+# what a reload keeps from the running configuration (a change is logged): the
+# listeners, connections, loops and files opened at start, and who the device is
+RESTART_SECTIONS = ("api", "mqtt", "ota", "logging", "telemetry", "thermal")
+RESTART_KEYS = ("device_id", "profile", "root", "state_dir")
 
 
 class Daemon:
@@ -245,8 +249,11 @@ class Daemon:
     def reload(self) -> bool:
         """Apply the configuration and policy on disk; keep the running ones if they are bad."""
         self.notifier.reloading()
+        kept = (*RESTART_SECTIONS, *RESTART_KEYS)
         try:
-            config = self.load_config()
+            loaded = self.load_config()
+            # the new agent is built for the running device (its profile, root and id)
+            config = replace(loaded, **{name: getattr(self.config, name) for name in kept})
             agent = self._build_agent(config)
         except Exception as exc:  # whatever went wrong, the running agent stays
             message = str(exc) if isinstance(exc, EdgeError) else f"{type(exc).__name__}: {exc}"
@@ -254,10 +261,11 @@ class Daemon:
             self.notifier.reloaded(f"reload refused: {message}")
             return False
         old, self.agent = self.agent, agent
-        for section in RESTART_SECTIONS:
-            if getattr(config, section) != getattr(self.config, section):
-                log.warning("[%s] changed: it takes effect at the next restart", section)
-        self.config = replace(config, **{s: getattr(self.config, s) for s in RESTART_SECTIONS})
+        for name in kept:
+            if getattr(loaded, name) != getattr(self.config, name):
+                where = f"[{name}]" if name in RESTART_SECTIONS else name
+                log.warning("%s changed: it takes effect at the next restart", where)
+        self.config = config
         # requests already on the old agent finish there; it is closed when none is left
         self.service.retire(old)
         self.notifier.reloaded()
@@ -324,4 +332,10 @@ class Daemon:
         telemetry = getattr(self.link, "telemetry", None)
         if telemetry is not None:
             state["queue"] = {"waiting": telemetry.queue.size, "dropped": telemetry.queue.dropped}
+        if self.connection is not None:
+            state["mqtt_dropped"] = dict(self.connection.dropped)
+        if self.agent.offload is not None:
+            from edge_agent.telemetry import offload_report
+
+            state["offload"] = offload_report(self.agent)
         return state

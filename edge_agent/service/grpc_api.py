@@ -5,7 +5,8 @@ A synchronous ``grpc`` server with a small thread pool (the agent's work is
 blocking: runtimes and offload calls). The label comes in the
 ``x-edge-label`` metadata (or the ``edge_label`` parameter), the request id in
 ``x-request-id``; errors are gRPC statuses from the one table in
-:mod:`.frontend`.
+:mod:`.frontend`. A refusal by the policy carries its decision in the trailing
+metadata: ``edge-decision`` (the action), ``edge-reason`` and ``edge-model``.
 """
 
 from __future__ import annotations
@@ -131,6 +132,25 @@ def _guarded(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             return method(request, context)
         except Exception as exc:
             status, message = status_of(exc)
+            trailing = _decision_metadata(exc)
+            if trailing:
+                context.set_trailing_metadata(trailing)
             context.abort(grpc.StatusCode[status.grpc], message)
 
     return handler
+
+
+def _decision_metadata(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The policy's decision behind a refusal as trailing metadata (``edge-decision``,
+    ``edge-reason``, ``edge-model``), as the HTTP API puts it in the error body;
+    nothing for an error without a decision."""
+    decision = getattr(exc, "decision", None)
+    if decision is None:
+        return ()
+    document = decision.to_dict()
+    pairs = (
+        ("edge-decision", document.get("decision")),
+        ("edge-reason", document.get("reason")),
+        ("edge-model", document.get("model")),
+    )
+    return tuple((key, str(value)) for key, value in pairs if value is not None)

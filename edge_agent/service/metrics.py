@@ -2,8 +2,10 @@
 
 Counters and histograms are updated as requests are answered; the device's
 state (temperatures, power mode, thermal level, model versions, the telemetry
-queue, OTA outcomes) is read when Prometheus scrapes, from a snapshot the
-daemon provides, so nothing polls in the background for it.
+queue, OTA outcomes, MQTT payloads dropped, the offload breaker's state, the
+exit guard's refusals, unmatched offload responses) is read when Prometheus
+scrapes, from a snapshot the daemon provides, so nothing polls in the
+background for it.
 """
 
 from __future__ import annotations
@@ -57,27 +59,91 @@ class _StateCollector(Collector):
         for name, info in state.get("models", {}).items():
             models.add_metric([name, str(info["version"]), info["variant"]], 1)
         yield models
-        inflight = GaugeMetricFamily("edge_agent_requests_in_flight", "Requests being answered.")
-        inflight.add_metric([], state.get("inflight", 0))
-        yield inflight
+        yield _one(
+            GaugeMetricFamily,
+            "edge_agent_requests_in_flight",
+            "Requests being answered.",
+            state.get("inflight", 0),
+        )
         queue = state.get("queue")
         if queue is not None:
-            waiting = GaugeMetricFamily(
-                "edge_agent_telemetry_queue_messages", "Telemetry messages waiting on disk."
+            yield _one(
+                GaugeMetricFamily,
+                "edge_agent_telemetry_queue_messages",
+                "Telemetry messages waiting on disk.",
+                queue["waiting"],
             )
-            waiting.add_metric([], queue["waiting"])
-            yield waiting
-            dropped = CounterMetricFamily(
-                "edge_agent_telemetry_dropped", "Telemetry messages dropped from a full queue."
+            yield _one(
+                CounterMetricFamily,
+                "edge_agent_telemetry_dropped",
+                "Telemetry messages dropped from a full queue.",
+                queue["dropped"],
             )
-            dropped.add_metric([], queue["dropped"])
-            yield dropped
-        ota = CounterMetricFamily(
-            "edge_agent_ota_updates", "Update outcomes reported.", labels=["status"]
+        yield _by_label(
+            "edge_agent_ota_updates", "Update outcomes reported.", "status", state.get("ota", {})
         )
-        for status, count in state.get("ota", {}).items():
-            ota.add_metric([status], count)
-        yield ota
+        yield from _link_metrics(state)
+
+
+def _one(
+    kind: type[GaugeMetricFamily | CounterMetricFamily],
+    name: str,
+    documentation: str,
+    value: float,
+) -> Metric:
+    """A gauge or counter with one sample."""
+    family = kind(name, documentation)
+    family.add_metric([], value)
+    return family
+
+
+def _by_label(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
+    """A counter with one sample per value of ``label``."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in counts.items():
+        family.add_metric([value], count)
+    return family
+
+
+def _link_metrics(state: dict[str, Any]) -> Iterator[Metric]:
+    """The MQTT connection's and the offload link's counters and the breaker's state."""
+    if "mqtt_dropped" in state:
+        yield _by_label(
+            "edge_agent_mqtt_dropped",
+            "MQTT payloads dropped as unparsable, by subscription (unexpected: no handler).",
+            "subscription",
+            state["mqtt_dropped"],
+        )
+    offload = state.get("offload")
+    if offload is None:
+        return
+    breaker = GaugeMetricFamily(
+        "edge_agent_offload_breaker_state",
+        "1 for the offload circuit breaker's state (closed, open, half_open).",
+        labels=["state"],
+    )
+    for name in ("closed", "open", "half_open"):
+        breaker.add_metric([name], 1 if offload["breaker"] == name else 0)
+    yield breaker
+    yield _one(
+        CounterMetricFamily,
+        "edge_agent_offload_breaker_opened",
+        "Times the offload circuit breaker opened.",
+        offload["breaker_opened"],
+    )
+    yield _by_label(
+        "edge_agent_offload_guard_refusals",
+        "Requests the exit guard kept on the device, by reason.",
+        "reason",
+        offload["guard_refusals"],
+    )
+    if "unmatched_responses" in offload:
+        yield _one(
+            CounterMetricFamily,
+            "edge_agent_offload_unmatched_responses",
+            "Offload responses that matched no request waiting (late, or not ours).",
+            offload["unmatched_responses"],
+        )
 
 
 class ServiceMetrics:

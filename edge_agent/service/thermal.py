@@ -11,13 +11,15 @@ profile's thermal zones and decides a level:
 A level only drops once every zone is ``hysteresis_c`` below the threshold
 that raised it, so a device hovering around 80 C does not flap between modes.
 
-While hot or critical the power mode steps down one mode per step (profiles
-list modes from the most performant to the least) and the agent is asked once
-to prefer INT8 variants (``set_precision("int8")``, if the profile runs INT8).
-When every zone is below ``throttle_c - hysteresis_c`` the mode steps back up
-one per step towards the home mode (the profile's default), never past it;
-back home, the agent is told to return to the profile's own order
-(``set_precision(None)``). Between the two thresholds the controller holds.
+While some zone reads at or above its ``throttle_c`` the power mode steps
+down one mode per step (profiles list modes from the most performant to the
+least) and the agent is asked once to prefer INT8 variants
+(``set_precision("int8")``, if the profile runs INT8). When every zone is
+below ``throttle_c - hysteresis_c`` the mode steps back up one per step
+towards the home mode (the profile's default), never past it; back home, the
+agent is told to return to the profile's own order (``set_precision(None)``).
+Between the two thresholds the controller holds: the level stays ``hot`` (so
+the policy still offloads) but the mode moves neither way.
 
 What the controller does not know it does not act on: an unreadable zone
 neither steps the mode down nor lets it step back up (it is logged once). A
@@ -182,13 +184,15 @@ class ThermalController:
             temperatures = read_temperatures(zones, self.root)
             self.temperatures = temperatures
             unknown = self._note_unreadable(zones, temperatures)
-            self.level = self._decide(zones, temperatures, unknown)
+            self.level, raw = self._decide(zones, temperatures, unknown)
 
-            if self.level != "normal":
+            # step down on the raw reading only: a level held "hot" by the hysteresis
+            # (below throttle_c, above throttle_c - hysteresis_c) holds the mode
+            if raw != "normal":
                 if self.precision != "int8" and "int8" in self.profile.precisions:
                     self._change_precision("int8")
                 self._move(+1)
-            elif not unknown:
+            elif self.level == "normal" and not unknown:
                 self._move(-1)
                 if self.power_mode == self.home_mode and self.precision is not None:
                     self._change_precision(None)
@@ -201,7 +205,8 @@ class ThermalController:
         zones: tuple[ThermalZone, ...],
         temperatures: dict[str, float | None],
         unknown: bool,
-    ) -> Level:
+    ) -> tuple[Level, Level]:
+        """The controller's level and the raw level of the readings (no hysteresis)."""
         # The raw level rises at once; the level it may fall to is computed with the
         # thresholds lowered by the hysteresis, and an unknown zone lets nothing fall.
         raw: Level = "normal"
@@ -212,7 +217,7 @@ class ThermalController:
                 continue
             raw = _higher(raw, _zone_level(zone, celsius, 0.0))
             release = _higher(release, _zone_level(zone, celsius, self.hysteresis_c))
-        return _higher(raw, _lower(self.level, release))
+        return _higher(raw, _lower(self.level, release)), raw
 
     def _note_unreadable(
         self, zones: tuple[ThermalZone, ...], temperatures: dict[str, float | None]
