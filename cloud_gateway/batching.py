@@ -102,7 +102,8 @@ class DynamicBatcher:
     """The queue and runner of one model. Lives on one event loop.
 
     ``on_batch(rows, queue_seconds_list, compute_seconds)`` is called after each
-    batch, for metrics.
+    batch, for metrics. Up to ``max_inflight`` batches are out at once, running
+    or waiting for a free thread of ``executor``.
     """
 
     def __init__(

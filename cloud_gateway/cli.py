@@ -477,7 +477,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--variant", default="onnx-int8", help="variant the gateway serves")
     bench.add_argument("--concurrency", default="1,8,32,64", help="client counts")
     bench.add_argument("--seconds", type=float, default=3.0, help="seconds per case")
-    bench.add_argument("--threads", type=int, default=2, help="runtime threads per inference")
+    bench.add_argument(
+        "--threads", type=int, help="runtime threads per inference (default: the inference cores)"
+    )
+    bench.add_argument(
+        "--inference-cpus",
+        default="auto",
+        help="cores for inference, e.g. 1 or 2,3; the front ends and clients get the others "
+        "(auto: the upper half of the cores; none: every thread on every core)",
+    )
+    bench.add_argument(
+        "--client",
+        choices=["raw", "tritonclient"],
+        default="raw",
+        help="raw: pre-encoded requests, answers checked (like perf_analyzer); "
+        "tritonclient: the stock aio clients",
+    )
     bench.add_argument("--workers", type=int, default=1, help="inference threads of the gateway")
     bench.add_argument("--spinning", action="store_true", help="let ONNX Runtime's threads spin")
     bench.add_argument("--max-batch", type=int, default=64, help="max_batch_size with batching on")

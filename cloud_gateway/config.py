@@ -12,6 +12,8 @@ A TOML file (every field optional; command-line flags override it)::
     max_body_bytes = 67108864        # larger requests: 413 / RESOURCE_EXHAUSTED
     workers = 2                      # inference threads
     threads = 2                      # ONNX Runtime intra-op threads per inference (default: cores)
+    inference_cpus = [2, 3]          # run inference on these cores only, the front ends on the
+                                     # others (Linux; default: every thread on every core)
     spinning = false                 # let ONNX Runtime's idle threads spin
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     precisions = ["fp32", "int8", "fp16"]
@@ -56,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cloud_gateway import cpus
 from edge_agent.config import read_tls
 from edge_agent.errors import ConfigError
 from edge_agent.fields import Fields, load_document
@@ -121,6 +124,7 @@ class GatewayConfig:
     poll_interval_s: float = 2.0
     max_body_bytes: int = 64 * 1024 * 1024
     workers: int = 2
+    inference_cpus: tuple[int, ...] | None = None  # see cloud_gateway.cpus
     # Spinning threads would take CPU from the front ends on the same cores.
     runtime: RuntimeOptions = field(
         default_factory=lambda: RuntimeOptions(threads=None, warmup=3, allow_spinning=False)
@@ -200,6 +204,14 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
         raise fields.fail("repository", "missing (required, or give --repository)")
     runtime = default.runtime
     threads = fields.integer("threads", runtime.threads, minimum=1)
+    inference_cpus = None
+    if fields.has("inference_cpus"):
+        try:
+            inference_cpus = tuple(sorted(cpus.check(fields.int_list("inference_cpus"))))
+        except ConfigError as exc:
+            raise fields.fail("inference_cpus", str(exc)) from None
+        # by default, one runtime thread per inference core
+        threads = threads if fields.has("threads") else len(inference_cpus)
     spinning = fields.boolean("spinning", runtime.allow_spinning)
     providers = tuple(fields.str_list("providers", list(runtime.providers)))
     tls_fields = fields.table("tls", None)
@@ -255,6 +267,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
         poll_interval_s=fields.number("poll_interval_s", default.poll_interval_s, minimum=0.0),
         max_body_bytes=fields.integer("max_body_bytes", default.max_body_bytes, minimum=1024),
         workers=fields.integer("workers", default.workers, minimum=1),
+        inference_cpus=inference_cpus,
         runtime=replace(runtime, threads=threads, providers=providers, allow_spinning=spinning),
         precisions=tuple(
             fields.str_list("precisions", list(default.precisions), choices=PRECISIONS)

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from cloud_gateway import cpus
 from cloud_gateway.auth import Device, DeviceRegistry, RateLimiter
 from cloud_gateway.batching import DynamicBatcher
 from cloud_gateway.config import GatewayConfig
@@ -39,6 +41,8 @@ SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy"]
 
 Array = np.ndarray[Any, Any]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class DataPlane:
@@ -58,7 +62,14 @@ class DataPlane:
         self.limiter = RateLimiter(
             config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
         )
-        self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="inference")
+        self._inference_cpus = config.inference_cpus
+        self.executor = ThreadPoolExecutor(
+            config.workers,
+            thread_name_prefix="inference",
+            initializer=None
+            if config.inference_cpus is None
+            else functools.partial(cpus.pin, config.inference_cpus),
+        )
         self._clock = clock
         self._batchers: dict[int, DynamicBatcher] = {}  # id(LoadedModel) -> its batcher
         self._ready = False
@@ -77,9 +88,16 @@ class DataPlane:
         """Scan the repository (in a thread) and start or stop what serves the changes."""
         loop = asyncio.get_running_loop()
         async with self._change_lock():
-            added, removed = await loop.run_in_executor(None, self.repository.scan, only)
+            added, removed = await loop.run_in_executor(
+                None, self._loading, self.repository.scan, only
+            )
             await self._apply(added, removed)
         self._ready = True
+
+    def _loading(self, load: Callable[[T], R], argument: T) -> R:
+        """Load models on the inference cores: a session's thread pool stays where it started."""
+        with cpus.pinned(self._inference_cpus):
+            return load(argument)
 
     async def _apply(self, added: list[LoadedModel], removed: list[LoadedModel]) -> None:
         # stop first: a reloaded version has the same metric labels as the one it replaces
@@ -104,7 +122,15 @@ class DataPlane:
                 queue.observe(wait)
 
         self._batchers[id(model)] = DynamicBatcher(
-            model.run, config, self.executor, name=name, on_batch=on_batch, clock=self._clock
+            model.run,
+            config,
+            self.executor,
+            name=name,
+            on_batch=on_batch,
+            clock=self._clock,
+            # one batch waits in the executor while each worker runs one: a worker that
+            # finishes starts the next batch at once, not after a trip through the busy loop
+            max_inflight=self.config.workers + 1,
         )
 
     async def _stop(self, model: LoadedModel) -> None:
@@ -120,7 +146,9 @@ class DataPlane:
     async def load(self, name: str) -> None:
         loop = asyncio.get_running_loop()
         async with self._change_lock():
-            added, removed = await loop.run_in_executor(None, self.repository.load, name)
+            added, removed = await loop.run_in_executor(
+                None, self._loading, self.repository.load, name
+            )
             await self._apply(added, removed)
 
     async def unload(self, name: str) -> None:

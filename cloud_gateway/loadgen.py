@@ -1,26 +1,124 @@
-"""A closed-loop load generator: N concurrent stock Triton clients for a fixed time.
+"""A closed-loop load generator: N concurrent clients for a fixed time.
 
 Run as a separate process by the benchmark (``python -m cloud_gateway.loadgen``)
 so that the clients do not share the gateway's interpreter; prints one JSON
 object with the request count, errors and latency percentiles.
+
+Two kinds of client:
+
+- ``raw`` (the default), in the manner of Triton's ``perf_analyzer``: each
+  client encodes its request once (the protocol's own protobuf message, or the
+  HTTP binary tensor extension) and then only sends those bytes and reads and
+  checks the answer (status, output tensor size). On a machine whose cores the
+  clients share with the gateway, a cheap client leaves the CPU to the system
+  under test, as remote clients would.
+- ``tritonclient``: the stock ``tritonclient`` aio clients, which rebuild and
+  decode every request in Python and so cost about as much CPU as the server.
+
+Each client holds its own connection (HTTP keep-alive or a gRPC channel).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
+Send = Callable[[], Awaitable[None]]
 
-async def _worker(
-    args: argparse.Namespace, x: np.ndarray, stop: float, out: list[float], errors: list[str]
-) -> None:
-    """One client: request, wait for the answer, repeat until ``stop``."""
+
+class BadAnswer(Exception):
+    """The server answered, but not with the expected outputs."""
+
+
+def _output_bytes(args: argparse.Namespace) -> int:
+    return int(args.output_elements) * 4
+
+
+async def _grpc_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=args.model)
+    tensor = request.inputs.add()
+    tensor.name = args.input
+    tensor.datatype = "FP32"
+    tensor.shape.extend(x.shape)
+    request.raw_input_contents.append(x.astype("<f4").tobytes())
+    body = request.SerializeToString()
+    channel = grpc.aio.insecure_channel(args.url)
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    metadata = (("authorization", f"Bearer {args.token}"),)
+    expected = _output_bytes(args)
+
+    async def send() -> None:
+        answer = pb.ModelInferResponse.FromString(await infer(body, metadata=metadata))
+        if sum(len(raw) for raw in answer.raw_output_contents) != expected:
+            raise BadAnswer(f"unexpected outputs: {answer.outputs}")
+
+    return send, channel.close
+
+
+async def _http_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
+    url = urlsplit(args.url if "://" in args.url else f"http://{args.url}")
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    data = x.astype("<f4").tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": args.input,
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    head = (
+        f"POST /v2/models/{args.model}/infer HTTP/1.1\r\n"
+        f"Host: {host}:{port}\r\n"
+        f"Authorization: Bearer {args.token}\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(header) + len(data)}\r\n\r\n"
+    ).encode()
+    message = head + header + data
+    reader, writer = await asyncio.open_connection(host, port)
+    expected = _output_bytes(args)
+
+    async def send() -> None:
+        writer.write(message)
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        fields = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in lines[1:] if line)
+        }
+        body = await reader.readexactly(int(fields.get("content-length", "0")))
+        if lines[0].split()[1] != "200":
+            raise BadAnswer(f"{lines[0]}: {body[:200]!r}")
+        json_size = int(fields.get("inference-header-content-length", len(body)))
+        json.loads(body[:json_size])
+        if len(body) - json_size != expected:
+            raise BadAnswer(f"{len(body) - json_size} bytes of outputs, expected {expected}")
+
+    def close() -> None:
+        writer.close()
+
+    return send, close
+
+
+async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
     if args.protocol == "grpc":
         import tritonclient.grpc.aio as client_module
     else:
@@ -28,19 +126,36 @@ async def _worker(
     client = client_module.InferenceServerClient(args.url)
     tensor = client_module.InferInput(args.input, list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
+
+    async def send() -> None:
+        # fresh headers each time: the HTTP client adds to the dict it is given
+        await client.infer(args.model, [tensor], headers={"authorization": f"Bearer {args.token}"})
+
+    return send, client.close
+
+
+async def _worker(
+    args: argparse.Namespace, x: np.ndarray, stop: float, out: list[float], errors: list[str]
+) -> None:
+    """One client: request, wait for the answer, repeat until ``stop``."""
+    if args.client == "tritonclient":
+        send, close = await _stock(args, x)
+    else:
+        send, close = await (_grpc_raw if args.protocol == "grpc" else _http_raw)(args, x)
     try:
         while time.perf_counter() < stop:
             started = time.perf_counter()
             try:
-                # fresh headers each time: the HTTP client adds to the dict it is given
-                await client.infer(
-                    args.model, [tensor], headers={"authorization": f"Bearer {args.token}"}
-                )
+                await send()
                 out.append(time.perf_counter() - started)
             except Exception as exc:  # counted and reported, never fatal to the run
                 errors.append(str(exc)[:200])
+                if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
+                    break  # the connection is gone: this client stops
     finally:
-        await client.close()
+        closing = close()
+        if asyncio.iscoroutine(closing):
+            await closing
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -49,6 +164,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     errors: list[str] = []
     warmup_end = time.perf_counter() + args.warmup
     await asyncio.gather(*(_worker(args, x, warmup_end, [], []) for _ in range(args.concurrency)))
+    gc.freeze()  # the set-up is no garbage: collections during the run stay short
     started = time.perf_counter()
     stop = started + args.seconds
     await asyncio.gather(
@@ -63,7 +179,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(elapsed, 3),
         "throughput_per_s": round(len(latencies) / elapsed, 1),
         "p50_ms": round(float(np.percentile(values, 50)), 3),
+        "p90_ms": round(float(np.percentile(values, 90)), 3),
         "p99_ms": round(float(np.percentile(values, 99)), 3),
+        "max_ms": round(float(values.max()), 3),
         "mean_ms": round(float(values.mean()), 3),
     }
 
@@ -71,15 +189,20 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--protocol", choices=["grpc", "http"], required=True)
+    parser.add_argument("--client", choices=["raw", "tritonclient"], default="raw")
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--input", default="pixels")
+    parser.add_argument("--output-elements", type=int, default=10, help="FP32 values answered")
     parser.add_argument("--token", required=True)
     parser.add_argument("--data", required=True, help=".npy with one input row")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--cpus", help="run on these cores only, e.g. 0 or 0,1")
     args = parser.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     json.dump(asyncio.run(_run(args)), sys.stdout)
     return 0
 

@@ -1,0 +1,133 @@
+"""Inference on its own cores (`inference_cpus`), and `cloud-gateway bench` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from cloud_gateway import cpus
+from cloud_gateway.bench import NoOpBackend
+from cloud_gateway.config import load_config
+from edge_agent.errors import ConfigError
+from edge_agent.package import ModelPackage
+
+from .conftest import MODELS, start_gateway
+
+CORES = sorted(cpus.available())
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs two CPU cores")
+
+
+def test_check_names_what_is_wrong() -> None:
+    with pytest.raises(ConfigError, match=r"expected a non-empty list .* not \[4096\]"):
+        cpus.check([4096])
+    with pytest.raises(ConfigError, match="non-empty"):
+        cpus.check([])
+    with pytest.raises(ConfigError, match="takes every core: leave at least one"):
+        cpus.check(CORES)
+
+
+@needs_two_cores
+def test_config_gives_one_runtime_thread_per_inference_core(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'repository = "models"\ninference_cpus = [{CORES[-1]}]\n')
+    config = load_config(path)
+    assert config.inference_cpus == (CORES[-1],)
+    assert config.runtime.threads == 1
+    path.write_text('repository = "models"\ninference_cpus = [4096]\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert "inference_cpus" in str(refused.value) and "4096" in str(refused.value)
+
+
+class RecordingBackend(NoOpBackend):
+    """Answers zeros and notes the cores of the thread that ran each request."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, frozenset[int]]] = []
+
+    def load(self, package: ModelPackage) -> Any:
+        model = super().load(package)
+        run = model.run
+
+        def recording(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.seen.append((threading.current_thread().name, cpus.available()))
+            return run(feed)
+
+        model.run = recording
+        return model
+
+
+@needs_two_cores
+def test_inference_runs_on_its_cores_and_the_front_ends_on_the_others(tmp_path: Path) -> None:
+    inference = (CORES[-1],)
+    backend = RecordingBackend()
+    handle = start_gateway(tmp_path, MODELS, backend=backend, inference_cpus=inference)
+    try:
+
+        async def loop_cores() -> frozenset[int]:
+            return cpus.available()
+
+        assert handle.thread.call(loop_cores()) == frozenset(CORES[:-1])
+        body = {
+            "inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0.0] * 64}]
+        }
+        for model in ("digits-heavy", "digits-light"):  # batched, and run directly
+            answer = httpx.post(
+                f"http://{handle.http_url}/v2/models/{model}/infer",
+                json=body,
+                headers=handle.headers(),
+            )
+            assert answer.status_code == 200, answer.text
+    finally:
+        handle.thread.stop()
+    assert len(backend.seen) == 2
+    assert all(
+        name.startswith("inference") and cores == frozenset(inference)
+        for name, cores in backend.seen
+    )
+
+
+def test_bench_reports_both_limits_and_every_case(tmp_path: Path) -> None:
+    out = tmp_path / "gateway.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cloud_gateway",
+            "bench",
+            "--concurrency",
+            "1,4",
+            "--seconds",
+            "0.4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    cases = {(c["kind"], c["protocol"], c["batching"], c["clients"]) for c in report["cases"]}
+    assert {("noop", p, True, 4) for p in ("grpc", "http")} <= cases
+    for protocol in ("grpc", "http"):
+        for batching in (True, False):
+            assert {("model", protocol, batching, n) for n in (1, 4)} <= cases
+    assert all(c["errors"] == 0 and c["requests"] > 0 for c in report["cases"]), report["cases"]
+    summary = report["summary"]["grpc"]
+    assert summary["lower_limit_per_s"] == min(
+        report["model_alone"]["items_per_s"], summary["front_end_alone_per_s"]
+    )
+    if len(CORES) > 1:
+        assert report["inference_cpus"] and report["front_end_cpus"]
+    assert "of the lower limit" in result.stdout
