@@ -281,7 +281,7 @@ def _rollout_status(args: argparse.Namespace) -> int:
         print(
             f"{r.name:20} v{r.version:<4} {r.group:16} {r.percent:5g}%  {r.state:8} "
             f"installed {stats['installed']}, failed {stats['failed']}, "
-            f"rolled back {stats['rolled_back']}{reason}"
+            f"rolled back {stats['rolled_back']}, metadata refused {stats['refused']}{reason}"
         )
     return 0
 

@@ -312,10 +312,17 @@ class EncodingServer:
 
     ``answer(path)`` gives the body of a path as sent, compressed already (see
     :func:`compress`), or ``None`` for an unencoded 404; it goes out with
-    ``Content-Encoding: encoding``. Each request's ``Accept-Encoding`` is recorded
-    in :attr:`accepted`."""
+    ``Content-Encoding: encoding`` (none when ``None``), with a ``Content-Length``
+    unless ``declare_length`` is false. Each request's ``Accept-Encoding`` is
+    recorded in :attr:`accepted`."""
 
-    def __init__(self, answer: Callable[[str], bytes | None], encoding: str = "gzip") -> None:
+    def __init__(
+        self,
+        answer: Callable[[str], bytes | None],
+        encoding: str | None = "gzip",
+        *,
+        declare_length: bool = True,
+    ) -> None:
         self.accepted: list[str | None] = []
         server = self
 
@@ -329,8 +336,10 @@ class EncodingServer:
                     self.end_headers()
                     return
                 self.send_response(200)
-                self.send_header("content-encoding", encoding)
-                self.send_header("content-length", str(len(body)))
+                if encoding is not None:
+                    self.send_header("content-encoding", encoding)
+                if declare_length:  # else the body ends when the connection closes
+                    self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 

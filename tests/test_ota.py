@@ -102,6 +102,8 @@ def first_install(world: OtaWorld) -> Device:
     outcomes = world.updater(device).check()
     assert [(o.name, o.version, o.status) for o in outcomes] == [("digits-light", 2, "installed")]
     assert_serves(world, device, 2)
+    status, detail = world.rollouts.device_report(device.id, "digits-light", 2) or ("", "")
+    assert status == "installed" and detail.startswith("smoke test passed: tflite-int8"), detail
     return device
 
 
@@ -259,6 +261,10 @@ def test_tampered_metadata(world: OtaWorld) -> None:
     with pytest.raises(MetadataError):
         world.updater(device).check()
     assert_serves(world, device, 2)
+    # the gateway hears of it: a failure of the rollout
+    status, detail = world.rollouts.device_report(device.id, "digits-light", 3) or ("", "")
+    assert status == "refused" and "the signed metadata was refused" in detail
+    assert world.rollouts.stats("digits-light", 3, GROUP)["refused"] == 1
 
 
 def test_metadata_signed_by_an_untrusted_key(world: OtaWorld) -> None:
@@ -301,6 +307,10 @@ def test_expired_metadata_freezes_nothing(world: OtaWorld) -> None:
     with pytest.raises(MetadataError, match="expired"):
         world.updater(device).check()
     assert_serves(world, device, 2)
+    # every reporting device refused the metadata: the rollout paused itself
+    rollout = world.rollouts.get("digits-light", 3, GROUP)
+    assert rollout is not None and rollout.state == "paused"
+    world.rollouts.set_state("digits-light", 3, GROUP, "active")  # the operator resumes it
     # a device without a real-time clock may be given slack
     outcome = world.updater(device, expiry_slack_s=3 * 3600).check()[0]
     assert outcome.status == "installed"
@@ -327,6 +337,8 @@ def test_refresh_keeps_a_fleet_updating_past_the_snapshot_expiry(world: OtaWorld
     assert result.signed == ["snapshot", "timestamp"] and not result.root_due
     assert result.expires["snapshot"] == now + timedelta(days=30)
     assert world.repo.load("targets").signed.version == targets_version  # 59 days left: kept
+    # the device's refusal paused the rollout; fixed, the operator resumes it
+    world.rollouts.set_state("digits-light", 3, GROUP, "active")
     outcome = world.updater(device).check()[0]
     assert (outcome.version, outcome.status) == (3, "installed")
     assert_serves(world, device, 3)
@@ -559,6 +571,22 @@ def test_a_compressed_blob_is_refused_before_it_is_read(tmp_path: Path, encoding
     assert not (tmp_path / "blob").exists()
     assert (tmp_path / "half").stat().st_size == 100
     assert server.accepted == ["identity", "identity"]
+
+
+def test_a_blob_longer_than_signed_is_cut_in_the_stream(tmp_path: Path) -> None:
+    """No Content-Length to refuse up front (a body that ends when the connection
+    closes): the download stops at the signed length and keeps nothing past it."""
+    endless = bytes(range(256)) * 40_000  # ~10 MB against 1,000 signed bytes
+    server = EncodingServer(lambda path: endless, None, declare_length=False)
+    try:
+        with (
+            httpx.Client(base_url=server.url) as client,
+            pytest.raises(DownloadError, match="more than"),
+        ):
+            download_resumable(client, "/blob", tmp_path / "blob", 1000)
+    finally:
+        server.close()
+    assert not (tmp_path / "blob").exists() or (tmp_path / "blob").stat().st_size <= 1000
 
 
 def test_compressed_metadata_and_plan_are_refused(world: OtaWorld, tmp_path: Path) -> None:
@@ -1026,13 +1054,21 @@ def test_only_the_rollouts_own_slice_counts(tmp_path: Path) -> None:
         assert store.report(device, "b", "m", 2, "failed") is None
     store.report(inside[0], "a", "m", 2, "installed")
     assert store.stats("m", 2, "a") == {
-        "installed": 1, "failed": 0, "rolled_back": 0, "reported": 1,
+        "installed": 1, "failed": 0, "rolled_back": 0, "refused": 0, "reported": 1,
     }  # fmt: skip
     rollout = store.get("m", 2, "a")
     assert rollout is not None and rollout.state == "active"
     paused = store.report(inside[1], "a", "m", 2, "failed")
     assert paused is not None and paused.state == "paused"
     assert "1 of 2 reporting devices failed" in paused.reason
+    # refused metadata counts against a rollout too, but keeps nothing from the device
+    store.start("n", 1, "a", 100, failure_threshold=0.5)
+    paused = store.report("d1", "a", "n", 1, "refused", "the signed metadata was refused")
+    assert paused is not None and paused.state == "paused"
+    store.set_state("n", 1, "a", "active")
+    assert store.plan("d1", "a").get("n") == 1
+    store.report("d1", "a", "n", 1, "failed")
+    assert "n" not in store.plan("d1", "a")
     store.close()
 
 

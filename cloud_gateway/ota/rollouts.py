@@ -38,6 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Reports that count against a rollout: an install that failed, and metadata a device
+# refused (tampered, replayed, expired: the repository's fault, so it blocks nothing for
+# the device, which takes the version once its metadata verifies).
+FAILURES = ("failed", "refused")
+
 __all__ = ["Rollout", "RolloutStore", "in_slice"]
 
 STATES = ("active", "paused", "aborted")
@@ -215,15 +220,16 @@ class RolloutStore:
                 (device, name, version, status, detail[:500], self._clock(), group),
             )
         rollout = self.get(name, version, group)
-        if rollout is None or rollout.state != "active" or status != "failed":
+        if rollout is None or rollout.state != "active" or status not in FAILURES:
             return None
         if not in_slice(device, name, rollout.percent):
             return None  # not sent this version by this rollout: not its evidence
         stats = self.stats(name, version, group)
-        if stats["failed"] / max(stats["reported"], 1) < rollout.failure_threshold:
+        failed = stats["failed"] + stats["refused"]
+        if failed / max(stats["reported"], 1) < rollout.failure_threshold:
             return None
         reason = (
-            f"paused itself: {stats['failed']} of {stats['reported']} reporting devices failed "
+            f"paused itself: {failed} of {stats['reported']} reporting devices failed "
             f"(threshold {rollout.failure_threshold:.0%})"
         )
         with self._lock:
@@ -248,16 +254,22 @@ class RolloutStore:
             "installed": statuses.count("installed"),
             "failed": statuses.count("failed"),
             "rolled_back": statuses.count("rolled_back"),
+            "refused": statuses.count("refused"),
             "reported": len(statuses),
         }
 
     def device_status(self, device: str, name: str, version: int) -> str | None:
+        report = self.device_report(device, name, version)
+        return report[0] if report else None
+
+    def device_report(self, device: str, name: str, version: int) -> tuple[str, str] | None:
+        """The status and detail of the device's last report on ``name`` ``version``."""
         with self._lock:
             row = self._db.execute(
-                "SELECT status FROM reports WHERE device=? AND name=? AND version=?",
+                "SELECT status, detail FROM reports WHERE device=? AND name=? AND version=?",
                 (device, name, version),
             ).fetchone()
-        return row[0] if row else None
+        return (str(row[0]), str(row[1])) if row else None
 
     def _blocked(self, device: str, group: str) -> set[tuple[str, int]]:
         """(name, version) pairs the device left or failed since their rollout last started."""

@@ -31,7 +31,7 @@ __all__ = ["OtaService"]
 
 _METADATA = re.compile(r"(?:[0-9]{1,10}\.)?(?:root|targets|snapshot|timestamp)\.json")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
-REPORT_STATUSES = ("installed", "failed", "rolled_back")
+REPORT_STATUSES = ("installed", "failed", "rolled_back", "refused")
 
 
 class OtaService:

@@ -7,9 +7,11 @@ times each phase and reads its peak memory:
 
 - install throughput: download + hash check + tag check + write to the slot,
   in MB/s (target >= 400);
-- the install path's peak RSS increase, from just before the download to the
-  written slot (the smoke test, which loads the model whole into a runtime,
-  comes after and is timed apart): it must not grow with the model's size.
+- the install path's peak RSS increase: over the download and the checks, and
+  over the write into the slot (the smoke test between them loads the model
+  whole into a runtime, as it may; it is timed apart, and the peak is reset
+  after it through ``/proc/self/clear_refs``): it must not grow with the
+  model's size.
 """
 
 from __future__ import annotations
@@ -108,6 +110,11 @@ def _install(bundle: str, state: str, url: str) -> dict[str, Any]:
         if step in timed:
             marks[step] = time.perf_counter()
             memory[step] = _vm("VmHWM")
+        if step == "smoke-tested":
+            # The smoke test held the model whole (allowed); start the peak again from
+            # here so that the write into the slot is measured on its own.
+            memory["write-start"] = _vm("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")
 
     profile = ProfileStore(default_profiles_dir()).get("generic-x86_64")
     settings = UpdateSettings(url=url, state_dir=Path(state))
@@ -216,7 +223,14 @@ def _summarise(size: int, version: int, result: dict[str, Any]) -> dict[str, Any
         "write_s": round(write, 3),
         "install_s": round(total, 3),
         "install_mb_s": round(blob_mb / total, 1),
-        "install_peak_rss_increase_mb": round(memory["tags-verified"] - memory["key"], 1),
+        "install_peak_rss_increase_mb": round(
+            max(
+                memory["tags-verified"] - memory["key"],
+                memory["slot-written"] - memory["write-start"],
+            ),
+            1,
+        ),
+        "write_peak_rss_increase_mb": round(memory["slot-written"] - memory["write-start"], 1),
         "smoke_test_s": round(smoke, 3),
     }
 
@@ -224,7 +238,8 @@ def _summarise(size: int, version: int, result: dict[str, Any]) -> dict[str, Any
 def format_ota(report: dict[str, Any]) -> str:
     rows = [
         [s["model_mb"], s["download_and_hash_mb_s"], s["tag_check_mb_s"], s["write_s"],
-         s["install_mb_s"], s["install_peak_rss_increase_mb"], s["smoke_test_s"]]
+         s["install_mb_s"], s["install_peak_rss_increase_mb"],
+         s["write_peak_rss_increase_mb"], s["smoke_test_s"]]
         for s in report["sizes"]
     ]  # fmt: skip
     summary = report["summary"]
@@ -239,6 +254,7 @@ def format_ota(report: dict[str, Any]) -> str:
                     "write s",
                     "install MB/s",
                     "peak RSS +MB",
+                    "write +MB",
                     "smoke test s",
                 ],
                 rows,

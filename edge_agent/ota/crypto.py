@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import os
 import struct
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from edge_agent.errors import IntegrityError, NoKeyError
 __all__ = [
     "CHUNK_SIZE",
     "BlobHeader",
+    "PlaintextReader",
     "decrypt_blob",
     "encrypt_file",
     "generate_group_key",
@@ -217,6 +219,36 @@ def verify_blob(
     if reader.read(1):
         raise IntegrityError("the blob goes on past its last chunk")
     return header.length
+
+
+class PlaintextReader(io.RawIOBase):
+    """A blob's plaintext as a file to read from, decrypted chunk by chunk as it is read:
+    at most one chunk of plaintext is held here. Every tag is checked by the time the
+    reader has been read to its end (:meth:`drain`)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._chunk = b""
+        self._offset = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self._offset >= len(self._chunk):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._chunk, self._offset = chunk, 0
+        size = min(len(buffer), len(self._chunk) - self._offset)
+        buffer[:size] = self._chunk[self._offset : self._offset + size]
+        self._offset += size
+        return size
+
+    def drain(self) -> None:
+        """Decrypt (and check) whatever has not been read."""
+        for _ in self._chunks:
+            pass
 
 
 def decrypt_blob(path: Path, key: bytes, *, name: str, version: int) -> bytes:

@@ -45,14 +45,16 @@ from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from edge_agent.errors import IntegrityError, ModelNotFoundError, PackageError, UpdateError
-from edge_agent.ota.crypto import decrypt_blob, unwrap_key
+from edge_agent.ota.crypto import PlaintextReader, iter_plaintext, unwrap_key
 from edge_agent.ota.plan import MODEL_NAME_RULE, is_model_name
 from edge_agent.package import ModelPackage, package_from_files
 
 __all__ = ["OtaStore", "SlotInfo", "fsync_dir", "open_package"]
+
+CHUNK_READ = 1 << 16  # the tar reader's buffer
 
 log = logging.getLogger(__name__)
 
@@ -336,8 +338,10 @@ def open_package(payload: Path, key: bytes, *, name: str, version: int) -> Model
         IntegrityError: a tag fails, or the blob is not a blob.
         PackageError: the plaintext is not a package of ``name`` ``version``.
     """
-    plaintext = decrypt_blob(payload, key, name=name, version=version)
-    files = _untar(plaintext, payload.parent)
+    with payload.open("rb") as blob:
+        plaintext = PlaintextReader(iter_plaintext(blob, key, name=name, version=version))
+        files = _untar(io.BufferedReader(plaintext, CHUNK_READ), payload.parent)
+        plaintext.drain()  # the tar's end padding, and the last tags
     package = package_from_files(files, payload.parent)
     if (package.name, package.version) != (name, version):
         raise PackageError(
@@ -347,11 +351,12 @@ def open_package(payload: Path, key: bytes, *, name: str, version: int) -> Model
     return package
 
 
-def _untar(data: bytes, where: Path) -> dict[str, bytes]:
-    """The regular files of a tar archive, in memory (names only, no paths)."""
+def _untar(stream: IO[bytes], where: Path) -> dict[str, bytes]:
+    """The regular files of a tar archive read as a stream, in memory (names only, no
+    paths): each file's bytes are the only copy of the plaintext held."""
     files: dict[str, bytes] = {}
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
             for member in archive:
                 if len(files) >= MAX_MEMBERS:
                     raise PackageError(f"{where}: too many files in the package")

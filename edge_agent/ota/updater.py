@@ -204,7 +204,23 @@ class OtaUpdater:
             if not plan:
                 return []
             self.on_step("metadata")
-            signed = self._metadata()
+            try:
+                signed = self._metadata()
+            except MetadataError as exc:
+                # tampered, replayed, expired, or signed by a key the root does not
+                # trust: the operator hears of it, and a rollout whose devices keep
+                # refusing its metadata pauses itself
+                for entry in plan:
+                    if not entry.withdrawn:
+                        self.report(
+                            UpdateOutcome(
+                                entry.name,
+                                entry.version,
+                                "refused",
+                                f"the signed metadata was refused: {exc}",
+                            )
+                        )
+                raise
             self._clean_downloads(signed, plan)
             outcomes = []
             for entry in plan:
@@ -313,11 +329,20 @@ class OtaUpdater:
         """Tell the gateway what happened (best effort: a failure to report is logged)."""
         import httpx
 
+        detail = outcome.detail
+        if outcome.status == "installed" and outcome.smoke and not detail:
+            smoke = outcome.smoke
+            budget = smoke.get("budget_ms")
+            detail = (
+                f"smoke test passed: {smoke.get('variant')} answered its golden inputs "
+                f"within tolerance in {smoke.get('latency_ms')} ms"
+                + (f" (budget {budget:g} ms)" if budget is not None else "")
+            )
         body = {
             "name": outcome.name,
             "version": outcome.version,
             "status": outcome.status,
-            "detail": outcome.detail[:400],
+            "detail": detail[:400],
         }
         try:
             self.client.post("/v2/ota/report", json=body)

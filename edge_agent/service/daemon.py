@@ -58,6 +58,9 @@ RESTART_SECTIONS = ("api", "mqtt", "ota", "logging", "telemetry", "thermal")
 RESTART_KEYS = ("device_id", "profile", "root", "state_dir")
 
 
+STORE_WATCH_S = 1.0  # how often the OTA store's active versions are compared with the served
+
+
 class Daemon:
     def __init__(
         self,
@@ -146,6 +149,7 @@ class Daemon:
                 lambda outcome: self.ota_outcomes.update([outcome.status])
             )
             self._thread(self.updater.run, "updater")
+            self._thread(self._follow_store, "ota-store")
         if self.connection is not None:
             self.link = create_fleet_link(
                 config, self.connection, agent=lambda: self.agent, updater=self.updater
@@ -162,6 +166,26 @@ class Daemon:
         log.info(
             "ready in %.2f s: profile %s, %s, on %s", self.started_s, self.profile.id, models, where
         )
+
+    def _follow_store(self) -> None:
+        """Swap in what another process activated in the OTA store: `edge-agent models
+        rollback NAME` or `edge-agent update` run beside the daemon."""
+        store = self.updater.store
+        failed: set[tuple[str, int]] = set()  # tried once; a new activation tries again
+        while not self._stop.wait(STORE_WATCH_S):
+            for name, serving in self.agent.loaded().items():
+                active = None
+                try:
+                    active = store.active(name)
+                    if active is None or active.version == serving["version"]:
+                        continue
+                    if (name, active.version) in failed:
+                        continue
+                    self.agent.reload(name)
+                    log.info("%s: version %d was activated in the store", name, active.version)
+                except Exception as exc:  # the old version keeps serving
+                    failed.add((name, active.version if active else -1))
+                    log.error("%s: cannot swap in the store's active version: %s", name, exc)
 
     def _thread(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

@@ -1,0 +1,73 @@
+"""A rollback (or update) done by hand beside a running daemon reaches the daemon: it
+swaps in the store's active version without a restart or SIGHUP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_agent.bench.report import free_port
+from edge_agent.service.daemon import Daemon
+
+from .conftest import MODELS, make_root
+from .ota_world import LIGHT_FP32, LIGHT_INT8, OtaWorld, make_world
+from .test_daemon import write_config
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[OtaWorld]:
+    w = make_world(tmp_path / "world")
+    yield w
+    w.stop()
+
+
+def serving(daemon: Daemon) -> int:
+    return int(daemon.agent.loaded()["digits-light"]["version"])
+
+
+def wait_until(check: object, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_rollback_by_hand_reaches_the_running_daemon(world: OtaWorld, tmp_path: Path) -> None:
+    device = world.enroll("cam-01")
+    world.release("digits-light", 2, LIGHT_INT8)
+    world.updater(device).check()
+    world.release("digits-light", 3, LIGHT_FP32)
+    world.updater(device).check()
+    assert world.store(device).active("digits-light").version == 3  # type: ignore[union-attr]
+
+    config = tmp_path / "agent.toml"
+    ota = (
+        f'[ota]\nbundle = "{device.bundle}"\nurl = "{world.url}"\n'
+        f'state_dir = "{device.state}"\ninterval_s = 3600\n'
+    )
+    write_config(config, make_root(tmp_path / "root", cpus=2), MODELS, free_port(), 0, ota)
+    daemon = Daemon(config)
+    daemon.start()
+    try:
+        daemon.agent.infer("digits-light", {"pixels": [[0.0] * 64]})
+        assert serving(daemon) == 3
+        command = ["models", "rollback", "digits-light", "--config", str(config)]
+        rolled = subprocess.run(
+            [sys.executable, "-m", "edge_agent", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert rolled.returncode == 0 and "back to version 2" in rolled.stdout, rolled.stderr
+        assert wait_until(lambda: serving(daemon) == 2), "the daemon kept serving version 3"
+        answer = daemon.agent.infer("digits-light", {"pixels": [[0.0] * 64]})
+        assert answer.version == 2 and answer.variant == "tflite-int8"
+    finally:
+        daemon.stop()
