@@ -232,6 +232,10 @@ def pi5_with(old: str, new: str) -> str:
             r"id: expected the file's name 'raspberry-pi-5', got 'pi5'",
         ),
         ("[detect]\n", "[detect]\nbogus = 1\n", r"detect.bogus: unknown field"),
+        ("warmup = 5\n", "", r"runtime.warmup: missing \(required\)"),
+        ('prefer = "local"\n', "", r"offload.prefer: missing \(required\)"),
+        ("offload_when_throttled = true\n", "", r"offload.offload_when_throttled: missing"),
+        ('[offload]\nprefer = "local"\noffload_when_throttled = true\n', "", r"offload: missing"),
     ],
 )
 def test_profile_errors_name_file_field_and_expectation(

@@ -178,7 +178,7 @@ def _runtime(
         if not values:
             raise fields.fail(key, "expected at least one entry")
     threads = fields.integer("threads", None, minimum=1)
-    warmup = fields.integer("warmup", 3, minimum=0)
+    warmup = fields.integer("warmup", minimum=0)
     memory_budget_mb = fields.integer("memory_budget_mb", minimum=1)
     latency_budget_ms = fields.number("latency_budget_ms", None, minimum=0.0)
 
@@ -251,7 +251,7 @@ def _power(fields: Fields) -> tuple[tuple[PowerMode, ...], str]:
 
 def _thermal(fields: Fields) -> tuple[ThermalZone, ...]:
     zones = []
-    for item in fields.tables("zones", None):
+    for item in fields.tables("zones"):  # [] for a device without thermal zones
         throttle = item.number("throttle_c", minimum=-50.0, maximum=150.0)
         critical = item.number("critical_c", minimum=-50.0, maximum=150.0)
         if critical <= throttle:
@@ -285,11 +285,11 @@ def load_profile(path: Path) -> DeviceProfile:
     detect = _detect(fields.table("detect"))
     precisions, formats, runtime, budget, latency_budget = _runtime(fields.table("runtime"))
     modes, default_mode = _power(fields.table("power"))
-    zones = _thermal(fields.table("thermal", None))
-    offload_fields = fields.table("offload", None)
+    zones = _thermal(fields.table("thermal"))
+    offload_fields = fields.table("offload")
     offload = OffloadPreferences(
-        prefer=offload_fields.string("prefer", "local", choices=["local", "cloud"]),
-        offload_when_throttled=offload_fields.boolean("offload_when_throttled", True),
+        prefer=offload_fields.string("prefer", choices=["local", "cloud"]),
+        offload_when_throttled=offload_fields.boolean("offload_when_throttled"),
     )
     offload_fields.done()
     fields.done()
