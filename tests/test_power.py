@@ -63,11 +63,24 @@ def test_jetson_modes_run_nvpmodel_and_jetson_clocks(
     profile = profiles.get("jetson-agx-orin")
     apply_plan(plan_power_mode(profile, "maxn", tmp_path), runner=lambda c: ran.append(tuple(c)))
     apply_plan(plan_power_mode(profile, "15w", tmp_path), runner=lambda c: ran.append(tuple(c)))
+    saved = str(tmp_path / "var/lib/nvpmodel/edge-agent-clocks.conf")
     assert ran == [
         ("nvpmodel", "-m", "0"),
+        ("jetson_clocks", "--store", saved),  # what --restore will need
         ("jetson_clocks",),
+        ("nvpmodel", "-m", "1"),  # the clocks were never stored (this runner is a fake)
+    ]
+    # once stored, going down restores them, and going up does not store again
+    Path(saved).parent.mkdir(parents=True)
+    Path(saved).write_text("stored clocks\n")
+    ran.clear()
+    apply_plan(plan_power_mode(profile, "15w", tmp_path), runner=lambda c: ran.append(tuple(c)))
+    apply_plan(plan_power_mode(profile, "maxn", tmp_path), runner=lambda c: ran.append(tuple(c)))
+    assert ran == [
         ("nvpmodel", "-m", "1"),
-        ("jetson_clocks", "--restore"),
+        ("jetson_clocks", "--restore", saved),
+        ("nvpmodel", "-m", "0"),
+        ("jetson_clocks",),
     ]
 
 

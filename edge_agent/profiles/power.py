@@ -29,6 +29,11 @@ __all__ = [
 CPU_DIR = "sys/devices/system/cpu"
 
 
+# where `jetson_clocks --store` keeps the clocks to restore (nvpmodel's own state
+# directory, which every Jetson with nvpmodel has), relative to the root
+JETSON_CLOCKS_SAVED = Path("var/lib/nvpmodel/edge-agent-clocks.conf")
+
+
 class PowerError(EdgeError):
     """A power mode cannot be applied on this device."""
 
@@ -86,11 +91,16 @@ def plan_power_mode(profile: DeviceProfile, mode_name: str | None, root: Path) -
     if mode.nvpmodel is not None:
         actions.append(Action(command=("nvpmodel", "-m", str(mode.nvpmodel))))
     if mode.jetson_clocks is not None:
-        actions.append(
-            Action(
-                command=("jetson_clocks",) if mode.jetson_clocks else ("jetson_clocks", "--restore")
-            )
-        )
+        # `jetson_clocks --restore` needs what `--store` saved before the clocks were
+        # raised: store once (the mode's own clocks, just set by nvpmodel), restore only
+        # what was stored; never raised, nothing to restore
+        saved = root / JETSON_CLOCKS_SAVED
+        if mode.jetson_clocks:
+            if not saved.exists():
+                actions.append(Action(command=("jetson_clocks", "--store", str(saved))))
+            actions.append(Action(command=("jetson_clocks",)))
+        elif saved.exists():
+            actions.append(Action(command=("jetson_clocks", "--restore", str(saved))))
     if mode.cpu_governor is not None or mode.cpu_max_freq_khz is not None:
         cpus = _cpu_dirs(root)
         if not cpus:
