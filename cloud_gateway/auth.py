@@ -52,8 +52,10 @@ ROLES = ("device", "admin")
 def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` atomically to a file only its owner can read (mode 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # a fresh, unguessable name, created here and now: in a shared folder nobody can
+    # have put a file or a link there for this write to follow
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

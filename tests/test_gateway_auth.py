@@ -24,6 +24,24 @@ def test_tokens_are_stored_hashed_in_a_private_file(tmp_path: Path) -> None:
     assert registry.authenticate(token).id == "cam-01"
 
 
+def test_a_private_write_follows_no_planted_link(tmp_path: Path) -> None:
+    """The temporary file of an atomic write has an unguessable name and is created
+    exclusively: links planted where an old, predictable name would be are not followed."""
+    import os
+
+    from cloud_gateway.auth import write_private
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    for guess in (f".bundle.json.{os.getpid()}.tmp", ".bundle.json.tmp"):
+        (tmp_path / guess).symlink_to(victim)
+    write_private(tmp_path / "bundle.json", b"secret\n")
+    assert victim.read_text() == "keep me\n"
+    assert (tmp_path / "bundle.json").read_bytes() == b"secret\n"
+    assert stat.S_IMODE((tmp_path / "bundle.json").stat().st_mode) == 0o600
+    assert not any(p.name.endswith(".tmp") and not p.is_symlink() for p in tmp_path.iterdir())
+
+
 def test_wrong_missing_and_revoked_tokens_are_refused(tmp_path: Path) -> None:
     registry = DeviceRegistry(tmp_path / "devices.json")
     token = registry.add("cam-01", "g")

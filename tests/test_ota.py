@@ -25,6 +25,7 @@ import pytest
 
 from cloud_gateway.ota.keys import KeyStore
 from cloud_gateway.ota.publish import OtaRepository, due_roles
+from cloud_gateway.server import GatewayThread
 from edge_agent.agent import Agent, LayeredSource
 from edge_agent.assemble import OtaSource
 from edge_agent.errors import (
@@ -460,8 +461,12 @@ def test_a_rollout_pauses_itself_on_failures(world: OtaWorld, tmp_path: Path) ->
     rollout = world.rollouts.get("digits-light", 3, GROUP)
     assert rollout is not None and rollout.state == "paused"
     assert "1 of 1 reporting devices failed" in rollout.reason
-    # the second device is not sent the paused version
+    # the second device is not sent the paused version, also by a restarted gateway
+    config = world.gateway.gateway.config
+    world.gateway.stop()
+    world.gateway = GatewayThread(config)  # the same state directory: the same SQLite file
     assert world.updater(second).check()[0].status == "current"
+    assert world.updater(first).check()[0].status == "current"  # its failure is remembered
     assert_serves(world, first, 2)
     assert_serves(world, second, 2)
 
