@@ -234,6 +234,7 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
         raise EdgeError(str(exc)) from None
     print(f"password file for {files.devices} devices and {user!r}: {files.passwd}")
     print(f"ACL file: {files.acl}")
+    print(f"dynamic security plugin configuration: {files.dynamic_security}")
     print(f"the gateway's own password (mode 0600): {config.mqtt_password_file}")
     if files.skipped:
         print(
@@ -241,7 +242,12 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
             f"{', '.join(files.skipped)}",
             file=sys.stderr,
         )
-    print("point Mosquitto at them (password_file, acl_file) and send it SIGHUP to reload")
+    print(
+        "point Mosquitto at the password and ACL files (password_file, acl_file; SIGHUP "
+        "reloads them), or, to refuse foreign subscriptions when they are made, load the "
+        "dynamic security plugin with the JSON file (plugin_opt_config_file; a change "
+        "takes a restart)"
+    )
     return 0
 
 

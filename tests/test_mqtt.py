@@ -759,12 +759,21 @@ def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, cap
     assert users == ["_gateway", "cam-01"]  # revoked devices are left out
     acl = (out / "acl").read_text()
     assert "user cam-01\ntopic read fleet/g1/models\n" in acl and "cam-02" not in acl
-    for path in (out / "passwd", out / "acl", state / "mqtt-gateway.password"):
+    dynsec = json.loads((out / "dynamic-security.json").read_text())
+    assert [c["username"] for c in dynsec["clients"]] == ["_gateway", "cam-01"]
+    assert dynsec["defaultACLAccess"]["subscribe"] is False
+    for path in (
+        out / "passwd",
+        out / "acl",
+        out / "dynamic-security.json",
+        state / "mqtt-gateway.password",
+    ):
         assert path.stat().st_mode & 0o777 == 0o600, path
     password = (state / "mqtt-gateway.password").read_text()
     assert main(["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]) == 0
     assert (state / "mqtt-gateway.password").read_text() == password  # kept, not regenerated
-    assert "SIGHUP" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "SIGHUP" in printed and "dynamic security plugin" in printed
 
 
 def write_agent_config(tmp: Path, body: str) -> Path:

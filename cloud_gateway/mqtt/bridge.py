@@ -38,11 +38,11 @@ from cloud_gateway.auth import parse_bearer
 from cloud_gateway.config import MqttBridgeConfig
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.errors import GatewayError, status_of
+from cloud_gateway.mqtt.broker import shared_requests
 from cloud_gateway.ota.service import OtaService
 from edge_agent.errors import ProtocolError
 from edge_agent.mqtt import new_client, no_delay, publish_properties, user_properties
 from edge_agent.protocol.mqtt import (
-    REQUEST_FILTER,
     MqttMessage,
     announcement_topic,
     decode_request,
@@ -54,13 +54,6 @@ from edge_agent.protocol.mqtt import (
 __all__ = ["MqttBridge", "shared_requests"]
 
 log = logging.getLogger(__name__)
-
-
-def shared_requests(password: str) -> str:
-    """The gateways' shared subscription: every replica with the same broker
-    password shares one group, whose name no device can guess."""
-    group = hashlib.sha256(b"edge-inference shared requests\x00" + password.encode()).hexdigest()
-    return f"$share/gateways-{group[:24]}/{REQUEST_FILTER}"
 
 
 class MqttBridge:

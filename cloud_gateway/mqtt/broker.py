@@ -1,34 +1,67 @@
-"""The broker's password and ACL files, written from the device registry.
+"""The broker's access control, written from the device registry, in two forms.
 
-With them a device (username: its id, password: its token) can publish only
-its own telemetry and status and offload requests, and read only its own
+With either, a device (username: its id, password: its token) can publish
+only its own telemetry and status and offload requests, and read only its own
 responses and its group's announcements; the gateway's bridge user reads the
 requests and writes the responses and announcements. Revoked devices are left
-out, so rewriting the files (and sending Mosquitto ``SIGHUP``) locks them out.
+out. Publishing where a device may not is refused (PUBACK 0x87).
 
-Mosquitto (2.0) checks ``read`` access when it delivers a message, not when a
-client subscribes: a device may subscribe to another's topics, and is sent
-nothing from them. Publishing where it may not is refused (PUBACK 0x87).
+- ``passwd`` and ``acl``, Mosquitto's password and ACL files: rewriting them
+  and sending Mosquitto ``SIGHUP`` applies a change (a revocation) at once. But
+  Mosquitto (2.0) checks an ACL file's ``read`` access when it delivers a
+  message, not when a client subscribes: a device may subscribe to another's
+  topics (it is granted) and is sent nothing from them.
+- ``dynamic-security.json``, for Mosquitto's dynamic security plugin (one role
+  per device): subscriptions are checked when they are made, so a device that
+  subscribes to another's topics is refused (SUBACK 0x87). The plugin reads
+  the file when Mosquitto starts; a change takes a restart (or
+  ``mosquitto_ctl``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry, mosquitto_hash, write_private
-from edge_agent.protocol.mqtt import REQUEST_FILTER, announcement_topic
+from edge_agent.protocol.mqtt import (
+    REQUEST_FILTER,
+    announcement_topic,
+    response_topic,
+    status_topic,
+    telemetry_topic,
+)
 
-__all__ = ["BrokerFiles", "acl_text", "ensure_gateway_password", "write_broker_files"]
+__all__ = [
+    "BrokerFiles",
+    "acl_text",
+    "dynamic_security",
+    "ensure_gateway_password",
+    "shared_requests",
+    "write_broker_files",
+]
+
+DYNAMIC_SECURITY = "dynamic-security.json"
 
 
 @dataclass(frozen=True)
 class BrokerFiles:
     passwd: Path
     acl: Path
+    dynamic_security: Path
     devices: int
     skipped: list[str]  # devices without an MQTT password hash (added before there was one)
+
+
+def shared_requests(password: str) -> str:
+    """The gateways' shared subscription: every replica with the same broker
+    password shares one group, whose name no device can guess."""
+    group = hashlib.sha256(b"edge-inference shared requests\x00" + password.encode()).hexdigest()
+    return f"$share/gateways-{group[:24]}/{REQUEST_FILTER}"
 
 
 def ensure_gateway_password(path: Path) -> str:
@@ -69,13 +102,80 @@ def acl_text(registry: DeviceRegistry, gateway_user: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rule(kind: str, topic: str) -> dict[str, Any]:
+    return {"acltype": kind, "topic": topic, "priority": 0, "allow": True}
+
+
+def _client(user: str, password_hash: str, role: str) -> dict[str, Any]:
+    """A dynamic-security client from a ``$7$`` hash (the same PBKDF2-SHA512)."""
+    _, kind, iterations, salt, digest = password_hash.split("$")
+    if kind != "7":
+        raise ValueError(f"{user}: not a $7$ (PBKDF2-SHA512) password hash")
+    return {
+        "username": user,
+        "password": digest,
+        "salt": salt,
+        "iterations": int(iterations),
+        "roles": [{"rolename": role}],
+    }
+
+
+def dynamic_security(
+    registry: DeviceRegistry, gateway_user: str, gateway_password: str, hashes: dict[str, str]
+) -> dict[str, Any]:
+    """The dynamic security plugin's configuration: one role per device, denying by
+    default every publish and subscription the roles do not allow. ``hashes``: the
+    users' ``$7$`` password hashes, the gateway's included."""
+    gateway_role = {
+        "rolename": "gateway",
+        "acls": [
+            _rule("subscribeLiteral", shared_requests(gateway_password)),
+            _rule("subscribePattern", telemetry_topic("+", "#")),
+            _rule("subscribePattern", status_topic("+")),
+            _rule("subscribePattern", announcement_topic("+")),
+            _rule("publishClientSend", response_topic("+")),
+            _rule("publishClientSend", announcement_topic("+")),
+        ],
+    }
+    clients = [_client(gateway_user, hashes[gateway_user], "gateway")]
+    roles = [gateway_role]
+    for device in registry.devices():
+        if device.revoked or device.id not in hashes:
+            continue
+        role = f"device-{device.id}"
+        clients.append(_client(device.id, hashes[device.id], role))
+        roles.append(
+            {
+                "rolename": role,
+                "acls": [
+                    _rule("publishClientSend", telemetry_topic(device.id, "#")),
+                    _rule("publishClientSend", status_topic(device.id)),
+                    _rule("publishClientSend", REQUEST_FILTER),  # the gateway checks the token
+                    _rule("subscribeLiteral", response_topic(device.id)),
+                    _rule("subscribeLiteral", announcement_topic(device.group)),
+                ],
+            }
+        )
+    return {
+        "defaultACLAccess": {
+            "publishClientSend": False,
+            "publishClientReceive": True,
+            "subscribe": False,
+            "unsubscribe": True,
+        },
+        "clients": clients,
+        "groups": [],
+        "roles": roles,
+    }
+
+
 def write_broker_files(
     registry: DeviceRegistry, out: Path, *, gateway_user: str, gateway_password: str
 ) -> BrokerFiles:
-    """Write ``passwd`` and ``acl`` (mode 0600) into ``out``."""
+    """Write ``passwd``, ``acl`` and ``dynamic-security.json`` (mode 0600) into ``out``."""
     if registry.get(gateway_user) is not None:
         raise ValueError(f"a device is named {gateway_user!r}, the gateway's broker user")
-    entries = [f"{gateway_user}:{mosquitto_hash(gateway_password)}"]
+    hashes = {gateway_user: mosquitto_hash(gateway_password)}
     skipped = []
     for device in registry.devices():
         password = registry.mqtt_password(device.id)
@@ -84,8 +184,10 @@ def write_broker_files(
         if password is None:
             skipped.append(device.id)
             continue
-        entries.append(f"{device.id}:{password}")
-    passwd, acl = out / "passwd", out / "acl"
-    write_private(passwd, ("\n".join(entries) + "\n").encode())
+        hashes[device.id] = password
+    passwd, acl, dynsec = out / "passwd", out / "acl", out / DYNAMIC_SECURITY
+    write_private(passwd, "".join(f"{user}:{hashed}\n" for user, hashed in hashes.items()).encode())
     write_private(acl, acl_text(registry, gateway_user).encode())
-    return BrokerFiles(passwd, acl, len(entries) - 1, skipped)
+    document = dynamic_security(registry, gateway_user, gateway_password, hashes)
+    write_private(dynsec, (json.dumps(document, indent=1) + "\n").encode())
+    return BrokerFiles(passwd, acl, dynsec, len(hashes) - 1, skipped)

@@ -26,9 +26,27 @@ def _binary() -> str:
     raise EdgeError("mosquitto is not installed (`make broker`, or apt-get install mosquitto)")
 
 
+def dynamic_security_plugin() -> Path:
+    """Mosquitto's dynamic security plugin, as its packages install it."""
+    for folder in ("usr/lib/*", "usr/lib", "usr/local/lib"):
+        for candidate in sorted(Path("/").glob(f"{folder}/mosquitto_dynamic_security.so")):
+            return candidate
+    raise EdgeError(
+        "Mosquitto's dynamic security plugin (mosquitto_dynamic_security.so) is missing"
+    )
+
+
 class Mosquitto:
+    """``passwd`` and ``acl``: Mosquitto's password and ACL files; or
+    ``dynamic_security``: the dynamic security plugin's configuration file."""
+
     def __init__(
-        self, directory: Path, *, passwd: Path | None = None, acl: Path | None = None
+        self,
+        directory: Path,
+        *,
+        passwd: Path | None = None,
+        acl: Path | None = None,
+        dynamic_security: Path | None = None,
     ) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -37,7 +55,7 @@ class Mosquitto:
         self.config = directory / "mosquitto.conf"
         lines = [
             f"listener {self.port} 127.0.0.1",
-            f"allow_anonymous {'false' if passwd else 'true'}",
+            f"allow_anonymous {'false' if passwd or dynamic_security else 'true'}",
             "persistence true",
             f"persistence_location {directory}/",
             "max_queued_messages 100000",  # for offline persistent sessions
@@ -53,6 +71,9 @@ class Mosquitto:
             lines.append(f"password_file {passwd}")
         if acl is not None:
             lines.append(f"acl_file {acl}")
+        if dynamic_security is not None:
+            lines.append(f"plugin {dynamic_security_plugin()}")
+            lines.append(f"plugin_opt_config_file {dynamic_security}")
         self.config.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
 
