@@ -3,6 +3,7 @@ rollout announcements, per-device topic isolation, garbage on every topic."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -355,26 +356,44 @@ def light_repository(tmp: Path) -> Path:
     return repository
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("fleet")
+@contextlib.contextmanager
+def running_fleet(
+    root: Path, *, dynamic_security: bool = False, revoked: tuple[str, ...] = ()
+) -> Iterator[Fleet]:
+    """cam-01 (group g1) and cam-02 (g2), and ``revoked`` devices (g1), a broker with the
+    generated files (the password and ACL files, or the dynamic security plugin's), and
+    one gateway bridging it."""
     state = root / "state"
     registry = DeviceRegistry(state / "devices.json")
     tokens = {"cam-01": registry.add("cam-01", "g1"), "cam-02": registry.add("cam-02", "g2")}
+    for device in revoked:
+        tokens[device] = registry.add(device, "g1")
+        registry.revoke(device)
     password = ensure_gateway_password(state / "mqtt-gateway.password")
-    write_broker_files(registry, root, gateway_user=GATEWAY_USER, gateway_password=password)
-    broker = Mosquitto(root / "broker", passwd=root / "passwd", acl=root / "acl")
+    files = write_broker_files(registry, root, gateway_user=GATEWAY_USER, gateway_password=password)
+    if dynamic_security:
+        broker = Mosquitto(root / "broker", dynamic_security=files.dynamic_security)
+    else:
+        broker = Mosquitto(root / "broker", passwd=files.passwd, acl=files.acl)
     broker.start()
     config = GatewayConfig(
         repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
         poll_interval_s=0.0, mqtt=MqttBridgeConfig(port=broker.port),
     )  # fmt: skip
     fleet = Fleet(root, registry, broker, tokens, password, config)
-    fleet.start_gateway()
-    yield fleet
-    for gateway in fleet.gateways:
-        gateway.stop()
-    broker.stop()
+    try:
+        fleet.start_gateway()
+        yield fleet
+    finally:
+        for gateway in fleet.gateways:
+            gateway.stop()
+        broker.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("fleet")) as running:
+        yield running
 
 
 def digits(rows: int = 3) -> np.ndarray:

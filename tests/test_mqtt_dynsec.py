@@ -11,15 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from cloud_gateway import GatewayConfig
-from cloud_gateway.auth import DeviceRegistry
-from cloud_gateway.config import MqttBridgeConfig
 from cloud_gateway.mqtt.broker import (
-    ensure_gateway_password,
     shared_requests,
-    write_broker_files,
 )
-from edge_agent.bench.mosquitto import Mosquitto
 from edge_agent.offload.mqtt import MqttTransport
 
 from .test_mqtt import (
@@ -27,8 +21,8 @@ from .test_mqtt import (
     Client,
     Fleet,
     digits,
-    light_repository,
     light_request,
+    running_fleet,
     wait_for,
 )
 
@@ -38,27 +32,9 @@ NOT_AUTHORIZED = 0x87
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("secured")
-    state = root / "state"
-    registry = DeviceRegistry(state / "devices.json")
-    tokens = {"cam-01": registry.add("cam-01", "g1"), "cam-02": registry.add("cam-02", "g2")}
-    revoked = registry.add("cam-03", "g1")
-    registry.revoke("cam-03")
-    tokens["cam-03"] = revoked
-    password = ensure_gateway_password(state / "mqtt-gateway.password")
-    files = write_broker_files(registry, root, gateway_user=GATEWAY_USER, gateway_password=password)
-    assert stat.S_IMODE(files.dynamic_security.stat().st_mode) == 0o600
-    broker = Mosquitto(root / "broker", dynamic_security=files.dynamic_security)
-    broker.start()
-    config = GatewayConfig(
-        repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
-        poll_interval_s=0.0, mqtt=MqttBridgeConfig(port=broker.port),
-    )  # fmt: skip
-    fleet = Fleet(root, registry, broker, tokens, password, config)
-    fleet.start_gateway()
-    yield fleet
-    for gateway in fleet.gateways:
-        gateway.stop()
-    broker.stop()
+    with running_fleet(root, dynamic_security=True, revoked=("cam-03",)) as fleet:
+        assert stat.S_IMODE((root / "dynamic-security.json").stat().st_mode) == 0o600
+        yield fleet
 
 
 def test_foreign_subscriptions_are_refused_when_they_are_made(secured: Fleet) -> None:
