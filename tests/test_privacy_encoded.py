@@ -303,3 +303,63 @@ def test_a_data_url_that_does_not_decode_is_refused(detector: FaceDetector) -> N
         ExitGuard(inspector, PolicyRules()).check(
             request({"json": array}), label=None, redacted=False
         )
+
+
+@pytest.mark.parametrize("variant", ["unpadded", "url-safe", "wrapped"])
+def test_base64_in_its_other_spellings_is_searched_too(
+    detector: FaceDetector, variant: str
+) -> None:
+    import base64
+
+    text = base64.b64encode(ASTRONAUT_JPEG)
+    if variant == "unpadded":
+        padded = next(  # trailing zeros after a JPEG's end are ignored by decoders
+            base64.b64encode(ASTRONAUT_JPEG + b"\0" * n)
+            for n in range(3)
+            if len(ASTRONAUT_JPEG + b"\0" * n) % 3
+        )
+        text = padded.rstrip(b"=")
+        assert len(text) % 4
+    elif variant == "url-safe":
+        text = base64.urlsafe_b64encode(ASTRONAUT_JPEG)
+        assert b"-" in text or b"_" in text
+    else:
+        text = b"\n".join(text[i : i + 76] for i in range(0, len(text), 76))  # MIME lines
+    inspector = PrivacyInspector(detector)
+    findings = inspector.inspect({"json": np.array([text], dtype=object)})
+    assert findings.kinds == {"faces"} and findings.face_count == 1
+
+
+def test_bare_base64_that_says_picture_but_does_not_decode_is_refused(
+    detector: FaceDetector,
+) -> None:
+    inspector = PrivacyInspector(detector)
+    array = np.array([b"/9j/" + b"A" * 40 + b"!!"], dtype=object)  # a JPEG's start, then junk
+    assert inspector.inspect({"json": array}).unsearchable == ["json"]
+    plain = np.array([b"Qk is how a word may start", b"hello"], dtype=object)
+    assert inspector.inspect({"json": plain}).unsearchable == []
+
+
+def test_a_batch_of_image_files_in_uint8_rows_is_searched_and_redacted(
+    detector: FaceDetector,
+) -> None:
+    coffee = image_file(data.coffee())
+    width = max(len(ASTRONAUT_JPEG), len(coffee)) + 100
+    rows = np.zeros((2, width), np.uint8)  # each file padded with zeros to one width
+    for i, blob in enumerate((ASTRONAUT_JPEG, coffee)):
+        rows[i, : len(blob)] = np.frombuffer(blob, np.uint8)
+    inspector = PrivacyInspector(detector)
+    findings = inspector.inspect({"files": rows})
+    assert findings.images == 2 and findings.face_count == 1 and findings.metadata == ["files"]
+    guard = ExitGuard(inspector, PolicyRules())
+    with pytest.raises(PrivacyRefusal, match="not redacted"):
+        guard.check(request({"files": rows}), label=None, redacted=False)
+    redacted, after = inspector.redact({"files": rows}, findings)
+    assert after.kinds == frozenset() and after.metadata == [] and after.images == 2
+    out = redacted["files"]
+    assert out.dtype == np.uint8 and out.shape[0] == 2
+    for row in out:
+        blob = row.tobytes()
+        rgb = decode(blob)
+        assert rgb is not None and detector.detect(rgb) == [] and exif_of(blob) == {}
+    guard.check(request(redacted), label=None, redacted=True)

@@ -99,24 +99,27 @@ def _holds_text(array: Array) -> bool:
     return array.dtype == object or array.dtype.kind in "SU"
 
 
-def _flat_bytes(array: Array) -> bool:
-    """A ``uint8`` tensor that is one image file's bytes: 1-D, or ``[1, ..., 1, N]``,
-    starting with an image signature (a flat picture, e.g. 64x64 grey pixels in a
-    row, is not: it is searched as a picture)."""
-    if array.dtype != np.uint8 or array.ndim < 1 or array.size != array.shape[-1]:
+def _byte_rows(array: Array) -> bool:
+    """A ``uint8`` tensor of image files' bytes, one file per row of its last axis (1-D:
+    one file; ``[N, L]``: a batch, each padded to L), some row starting with an image
+    signature. A picture of grey pixels is not (unless its first pixels spell a
+    signature: then it is taken for files that do not decode, and refused)."""
+    if array.dtype != np.uint8 or array.ndim < 1 or array.shape[-1] == 0:
         return False
-    return image_format(array.reshape(-1)[:32].tobytes()) is not None
+    rows = array.reshape(-1, array.shape[-1])
+    return any(image_format(row[:32].tobytes()) is not None for row in rows)
 
 
 def _holds_bytes(array: Array) -> bool:
-    return _holds_text(array) or _flat_bytes(array)
+    return _holds_text(array) or _byte_rows(array)
 
 
 def _images(array: Array) -> dict[int, tuple[bytes, bytes | None]]:
-    """The image files an input holds, by flat index, each with the prefix of the
-    base64 text it came as (``None``: the file's own bytes)."""
-    if _flat_bytes(array):
-        return {0: (np.ascontiguousarray(array).tobytes(), None)}
+    """The image files an input holds, by flat index (by row for ``uint8`` rows), each
+    with the prefix of the base64 text it came as (``None``: the file's own bytes)."""
+    if _byte_rows(array):  # every row: one that is no file of a known format is unreadable
+        rows = np.ascontiguousarray(array).reshape(-1, array.shape[-1])
+        return {index: (row.tobytes(), None) for index, row in enumerate(rows)}
     if array.dtype.kind == "S":  # fixed width: keep the NUL bytes numpy would strip
         width, raw = array.dtype.itemsize, np.ascontiguousarray(array).tobytes()
         items: list[Any] = [raw[i * width : (i + 1) * width] for i in range(array.size)]
@@ -230,12 +233,13 @@ class PrivacyInspector:
         findings.images += len(decoded)
         findings.faces[name] = [self.detector.detect(rgb) for rgb in decoded if rgb is not None]
 
-    def _rewrite(self, data: bytes, faces: list[Face]) -> bytes:
+    def _rewrite(self, data: bytes, faces: list[Face]) -> bytes | None:
         """An image file written again from its pixels (faces redacted): no metadata.
-        One that cannot be decoded is left as it is, for the exit guard to refuse."""
+        ``None`` for one that cannot be decoded: it is left as it is, for the exit guard
+        to refuse."""
         rgb = decode(data)
         if rgb is None:
-            return data
+            return None
         if faces and self.detector is not None:
             rgb, _ = redact_faces(rgb, faces, self.detector)
         return encode(rgb, image_format(data) or "png")
@@ -245,15 +249,20 @@ class PrivacyInspector:
         if not images and not pii:
             return array
         faces = per_image if len(per_image) == len(images) else [[] for _ in images]
-        rewritten = {}
+        rewritten: dict[int, bytes] = {}
         for (index, (data, prefix)), found in zip(images.items(), faces, strict=True):
             written = self._rewrite(data, found)
-            rewritten[index] = written if prefix is None else prefix + base64.b64encode(written)
+            if written is not None:
+                rewritten[index] = written if prefix is None else prefix + base64.b64encode(written)
         out: Array
-        if _flat_bytes(array):
-            data = rewritten[0]
-            out = np.frombuffer(data, np.uint8).reshape(*array.shape[:-1], len(data)).copy()
-            return out
+        if _byte_rows(array):
+            rows = np.ascontiguousarray(array).reshape(-1, array.shape[-1])
+            files = [rewritten.get(i, row.tobytes()) for i, row in enumerate(rows)]
+            width = max(len(f) for f in files)  # shorter files padded with zeros, as sent
+            out = np.zeros((len(files), width), np.uint8)
+            for i, data in enumerate(files):
+                out[i, : len(data)] = np.frombuffer(data, np.uint8)
+            return out.reshape(*array.shape[:-1], width)
         items = np.empty(array.size, dtype=object)
         for index, value in enumerate(array.ravel()):
             if index in rewritten:

@@ -30,28 +30,34 @@ _BMP_HEADERS = {12, 40, 52, 56, 64, 108, 124}
 _WRITE_AS = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp"}
 
 
-# How the formats above begin once in base64 (JSON clients send pictures so).
-_BASE64_STARTS = (b"/9j/", b"iVBORw0KGgo", b"R0lGOD", b"UklGR", b"SUkqA", b"TU0AK", b"Qk")
+# How the formats above begin once in base64 (JSON clients send pictures so): those
+# long enough to say "a picture" alone, then those that need the decoded bytes to agree.
+_BASE64_SURE = (b"/9j/", b"iVBORw0KGgo", b"R0lGOD", b"UklGR")
+_BASE64_MAYBE = (b"SUkqA", b"TU0AK", b"Qk")
+_URL_SAFE = bytes.maketrans(b"-_", b"+/")
 _DATA_URL = re.compile(rb"data:image/[\w.+-]+;base64,", re.IGNORECASE)
 
 
 def unwrap_base64(text: bytes) -> tuple[bytes, bytes] | None:
-    """``(prefix, file bytes)`` of a picture sent as base64 text, a ``data:image/...``
-    URL or bare; ``None`` when ``text`` is not one. A data URL that does not decode
-    gives empty file bytes: it says it is a picture, so it is one that cannot be read."""
+    """``(prefix, file bytes)`` of a picture sent as base64 text (standard or URL-safe,
+    padded or not), a ``data:image/...`` URL or bare; ``None`` when ``text`` is not one.
+    Text that says it is a picture (a data URL, or a bare start that only pictures
+    have) but does not decode to one gives empty file bytes: a picture that cannot be
+    read, which the exit guard refuses."""
     stripped = text.strip()
     match = _DATA_URL.match(stripped)
     prefix = match.group(0) if match else b""
-    body = stripped[len(prefix) :]
-    if not prefix and not body.startswith(_BASE64_STARTS):
+    body = b"".join(stripped[len(prefix) :].split()).translate(_URL_SAFE)
+    sure = bool(prefix) or body.startswith(_BASE64_SURE)
+    if not sure and not body.startswith(_BASE64_MAYBE):
         return None
     try:
-        data = base64.b64decode(b"".join(body.split()), validate=True)
+        data = base64.b64decode(body + b"=" * (-len(body) % 4), validate=True)
     except (binascii.Error, ValueError):
         data = b""
-    if prefix or image_format(data) is not None:
+    if image_format(data) is not None:
         return prefix, data
-    return None
+    return (prefix, b"") if sure else None
 
 
 def image_format(data: bytes) -> str | None:
