@@ -111,6 +111,27 @@ def first_install(world: OtaWorld) -> Device:
 # -- the formats -----------------------------------------------------------------------------
 
 
+def test_a_package_blob_tampered_past_the_archives_end_is_refused(tmp_path: Path) -> None:
+    """The package reader stops at the tar's end marker; the chunks after it (the end
+    blocks, the record's padding) are still decrypted and their tags checked."""
+    from cloud_gateway.ota.archive import package_archive
+    from edge_agent.errors import IntegrityError
+    from edge_agent.ota.store import open_package
+
+    archive, _ = package_archive(LIGHT_INT8, "digits-light", 4, tmp_path)
+    blob, key = tmp_path / "payload", os.urandom(32)
+    encrypt_file(archive, blob, key, name="digits-light", version=4, chunk_size=1024)
+    assert open_package(blob, key, name="digits-light", version=4).version == 4
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1  # the last chunk's tag: all tar padding by now
+    blob.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="fails its authentication tag"):
+        open_package(blob, key, name="digits-light", version=4)
+    blob.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 1]) + b"\0" * 16)  # extended
+    with pytest.raises(IntegrityError, match="past its last chunk"):
+        open_package(blob, key, name="digits-light", version=4)
+
+
 def test_blob_round_trip_and_every_tampering_is_caught(tmp_path: Path) -> None:
     source = tmp_path / "plain"
     source.write_bytes(os.urandom(10_000))
@@ -266,6 +287,7 @@ def test_tampered_metadata(world: OtaWorld) -> None:
     status, detail = world.rollouts.device_report(device.id, "digits-light", 3) or ("", "")
     assert status == "refused" and "the signed metadata was refused" in detail
     assert world.rollouts.stats("digits-light", 3, GROUP)["refused"] == 1
+    assert world.rollouts.device_status(device.id, "digits-light", 2) == "installed"
 
 
 def test_metadata_signed_by_an_untrusted_key(world: OtaWorld) -> None:
@@ -1074,6 +1096,10 @@ def test_only_the_rollouts_own_slice_counts(tmp_path: Path) -> None:
     assert store.plan("d1", "a").get("n") == 1
     store.report("d1", "a", "n", 1, "failed")
     assert "n" not in store.plan("d1", "a")
+    # and never overwrites a version the device reported installed
+    store.report("d2", "a", "n", 1, "installed")
+    store.report("d2", "a", "n", 1, "refused", "the signed metadata was refused")
+    assert store.device_status("d2", "n", 1) == "installed"
     store.close()
 
 

@@ -212,11 +212,13 @@ class RolloutStore:
         Returns the rollout if this report paused it.
         """
         with self._lock:
+            # a refusal of the metadata says nothing of a version the device installed
             self._db.execute(
                 "INSERT INTO reports (device, name, version, status, detail, at, grp) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device, name, version) "
                 "DO UPDATE SET status=excluded.status, detail=excluded.detail, at=excluded.at, "
-                "grp=excluded.grp",
+                "grp=excluded.grp "
+                "WHERE NOT (excluded.status = 'refused' AND reports.status = 'installed')",
                 (device, name, version, status, detail[:500], self._clock(), group),
             )
         rollout = self.get(name, version, group)

@@ -211,7 +211,10 @@ class OtaUpdater:
                 # trust: the operator hears of it, and a rollout whose devices keep
                 # refusing its metadata pauses itself
                 for entry in plan:
-                    if not entry.withdrawn:
+                    active = self.store.active(entry.name)
+                    # only what the device would have installed: a version it runs stays
+                    # reported as installed
+                    if not entry.withdrawn and (active is None or entry.version > active.version):
                         self.report(
                             UpdateOutcome(
                                 entry.name,
