@@ -70,18 +70,21 @@ def test_jetson_modes_run_nvpmodel_and_jetson_clocks(
         ("jetson_clocks",),
         ("nvpmodel", "-m", "1"),  # the clocks were never stored (this runner is a fake)
     ]
-    # once stored, going down restores them, and going up does not store again
+    # once stored: going down restores them before nvpmodel sets the lower mode (after
+    # it, the restore would bring back the higher mode's clocks) and forgets them;
+    # going up stores the mode's own clocks again
     Path(saved).parent.mkdir(parents=True)
     Path(saved).write_text("stored clocks\n")
     ran.clear()
-    apply_plan(plan_power_mode(profile, "15w", tmp_path), runner=lambda c: ran.append(tuple(c)))
     apply_plan(plan_power_mode(profile, "maxn", tmp_path), runner=lambda c: ran.append(tuple(c)))
-    assert ran == [
-        ("nvpmodel", "-m", "1"),
-        ("jetson_clocks", "--restore", saved),
-        ("nvpmodel", "-m", "0"),
-        ("jetson_clocks",),
-    ]
+    assert ran == [("nvpmodel", "-m", "0"), ("jetson_clocks",)]  # raised already: not stored
+    ran.clear()
+    apply_plan(plan_power_mode(profile, "15w", tmp_path), runner=lambda c: ran.append(tuple(c)))
+    assert ran == [("jetson_clocks", "--restore", saved), ("nvpmodel", "-m", "1")]
+    assert not Path(saved).exists()
+    ran.clear()
+    apply_plan(plan_power_mode(profile, "maxn", tmp_path), runner=lambda c: ran.append(tuple(c)))
+    assert ran == [("nvpmodel", "-m", "0"), ("jetson_clocks", "--store", saved), ("jetson_clocks",)]
 
 
 def test_missing_nvpmodel_is_reported(profiles: ProfileStore, tmp_path: Path) -> None:

@@ -40,7 +40,8 @@ class PowerError(EdgeError):
 
 @dataclass(frozen=True)
 class Action:
-    """One step of a plan: write ``value`` into ``path``, or run ``command``."""
+    """One step of a plan: write ``value`` into ``path``, remove ``path`` (no value),
+    or run ``command``."""
 
     path: Path | None = None
     value: str | None = None
@@ -49,6 +50,8 @@ class Action:
     def describe(self) -> str:
         if self.command is not None:
             return "run " + " ".join(self.command)
+        if self.value is None:
+            return f"remove {self.path}"
         return f"write {self.value!r} to {self.path}"
 
 
@@ -88,19 +91,21 @@ def plan_power_mode(profile: DeviceProfile, mode_name: str | None, root: Path) -
     """
     mode: PowerMode = profile.power_mode(mode_name)
     actions: list[Action] = []
+    # `jetson_clocks --restore` needs what `--store` saved before the clocks were raised.
+    # Down: restore (and forget) the raised clocks first, then nvpmodel sets the new
+    # mode's limits; restoring after it would bring back the higher mode's clocks. Up:
+    # nvpmodel first, store its clocks (unless raised already: never store raised ones),
+    # then raise them. Never raised: nothing to restore.
+    saved = root / JETSON_CLOCKS_SAVED
+    if mode.jetson_clocks is False and saved.exists():
+        actions.append(Action(command=("jetson_clocks", "--restore", str(saved))))
+        actions.append(Action(path=saved))  # removed: the clocks are the mode's again
     if mode.nvpmodel is not None:
         actions.append(Action(command=("nvpmodel", "-m", str(mode.nvpmodel))))
-    if mode.jetson_clocks is not None:
-        # `jetson_clocks --restore` needs what `--store` saved before the clocks were
-        # raised: store once (the mode's own clocks, just set by nvpmodel), restore only
-        # what was stored; never raised, nothing to restore
-        saved = root / JETSON_CLOCKS_SAVED
-        if mode.jetson_clocks:
-            if not saved.exists():
-                actions.append(Action(command=("jetson_clocks", "--store", str(saved))))
-            actions.append(Action(command=("jetson_clocks",)))
-        elif saved.exists():
-            actions.append(Action(command=("jetson_clocks", "--restore", str(saved))))
+    if mode.jetson_clocks:
+        if not saved.exists():
+            actions.append(Action(command=("jetson_clocks", "--store", str(saved))))
+        actions.append(Action(command=("jetson_clocks",)))
     if mode.cpu_governor is not None or mode.cpu_max_freq_khz is not None:
         cpus = _cpu_dirs(root)
         if not cpus:
@@ -141,6 +146,11 @@ def apply_plan(actions: Sequence[Action], runner: Runner = run_command) -> None:
     for action in actions:
         if action.command is not None:
             runner(action.command)
+        elif action.path is not None and action.value is None:
+            try:
+                action.path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise PowerError(f"cannot remove {action.path}: {exc.strerror}") from exc
         elif action.path is not None and action.value is not None:
             try:
                 action.path.write_text(action.value + "\n")
