@@ -103,7 +103,8 @@ class DynamicBatcher:
 
     ``on_batch(rows, queue_seconds_list, compute_seconds)`` is called after each
     batch, for metrics. Up to ``max_inflight`` batches are out at once, running
-    or waiting for a free thread of ``executor``.
+    or waiting for a free thread of ``executor``; batchers that share an executor
+    share ``slots`` (a semaphore) instead.
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class DynamicBatcher:
         on_batch: Callable[[int, list[float], float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_inflight: int = 1,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.config = config
         self.name = name
@@ -125,7 +127,7 @@ class DynamicBatcher:
         self._clock = clock
         self._queue: list[_Item] = []
         self._wakeup = asyncio.Event()
-        self._slots = asyncio.Semaphore(max_inflight)
+        self._slots = slots or asyncio.Semaphore(max_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
@@ -219,17 +221,22 @@ class DynamicBatcher:
         finally:
             self._slots.release()
 
+    def _timed(self, feed: dict[str, Array]) -> tuple[dict[str, Array], float, float]:
+        """Run a batch in the executor's thread; when it started and ended there (a
+        batch may wait for a free thread first: that is queue time, not compute)."""
+        started = self._clock()
+        outputs = self._runner(feed)
+        return outputs, started, self._clock()
+
     async def _run_batch(self, batch: list[_Item]) -> None:
         loop = asyncio.get_running_loop()
-        started = self._clock()
-        waits = [started - item.meta.enqueued for item in batch]
         names = list(batch[0].feed)
         if len(batch) == 1:
             feed = batch[0].feed
         else:
             feed = {n: np.concatenate([item.feed[n] for item in batch]) for n in names}
         try:
-            outputs = await loop.run_in_executor(self._executor, self._runner, feed)
+            outputs, started, ended = await loop.run_in_executor(self._executor, self._timed, feed)
         except Exception as exc:
             if len(batch) == 1:
                 self._resolve(batch[0], exc)
@@ -249,7 +256,8 @@ class DynamicBatcher:
                 except Exception as single:
                     self._resolve(item, single)
             return
-        compute = self._clock() - started
+        compute = ended - started
+        waits = [started - item.meta.enqueued for item in batch]
         offset = 0
         for item in batch:
             end = offset + item.meta.rows

@@ -76,6 +76,7 @@ class DataPlane:
         self._stopping = False
         # one change of the loaded models at a time (polls, load and unload requests)
         self._changing: asyncio.Lock | None = None
+        self._slots: asyncio.Semaphore | None = None  # made on the loop, when first needed
 
     # -- lifecycle (on the event loop) ----------------------------------------------
 
@@ -93,6 +94,12 @@ class DataPlane:
             )
             await self._apply(added, removed)
         self._ready = True
+
+    def _batch_slots(self) -> asyncio.Semaphore:
+        """The batches out at once over every model: one more than the workers."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.workers + 1)
+        return self._slots
 
     def _loading(self, load: Callable[[T], R], argument: T) -> R:
         """Load models on the inference cores: a session's thread pool stays where it started."""
@@ -128,9 +135,10 @@ class DataPlane:
             name=name,
             on_batch=on_batch,
             clock=self._clock,
-            # one batch waits in the executor while each worker runs one: a worker that
-            # finishes starts the next batch at once, not after a trip through the busy loop
-            max_inflight=self.config.workers + 1,
+            # one batch waits in the executor while each worker runs one, whichever
+            # model it is for: a worker that finishes starts the next batch at once,
+            # not after a trip through the busy loop
+            slots=self._batch_slots(),
         )
 
     async def _stop(self, model: LoadedModel) -> None:

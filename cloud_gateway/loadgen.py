@@ -87,7 +87,7 @@ async def _http_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
     ).encode()
     head = (
         f"POST /v2/models/{args.model}/infer HTTP/1.1\r\n"
-        f"Host: {host}:{port}\r\n"
+        f"Host: {f'[{host}]' if ':' in host else host}:{port}\r\n"
         f"Authorization: Bearer {args.token}\r\n"
         "Content-Type: application/octet-stream\r\n"
         f"Inference-Header-Content-Length: {len(header)}\r\n"
@@ -104,7 +104,9 @@ async def _http_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
             name.strip().lower(): value.strip()
             for name, _, value in (line.partition(":") for line in lines[1:] if line)
         }
-        body = await reader.readexactly(int(fields.get("content-length", "0")))
+        if "content-length" not in fields:  # the next answer could not be found
+            raise OSError(f"an answer without Content-Length: {lines[0]}")
+        body = await reader.readexactly(int(fields["content-length"]))
         if lines[0].split()[1] != "200":
             raise BadAnswer(f"{lines[0]}: {body[:200]!r}")
         json_size = int(fields.get("inference-header-content-length", len(body)))
@@ -134,43 +136,50 @@ async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callabl
     return send, client.close
 
 
-async def _worker(
-    args: argparse.Namespace, x: np.ndarray, stop: float, out: list[float], errors: list[str]
-) -> None:
-    """One client: request, wait for the answer, repeat until ``stop``."""
+async def _connect(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
     if args.client == "tritonclient":
-        send, close = await _stock(args, x)
-    else:
-        send, close = await (_grpc_raw if args.protocol == "grpc" else _http_raw)(args, x)
-    try:
-        while time.perf_counter() < stop:
-            started = time.perf_counter()
-            try:
-                await send()
+        return await _stock(args, x)
+    return await (_grpc_raw if args.protocol == "grpc" else _http_raw)(args, x)
+
+
+async def _worker(
+    send: Send, stop: float, out: list[float] | None, errors: list[str] | None
+) -> bool:
+    """One client: request, wait for the answer, repeat until ``stop``. False when its
+    connection is gone."""
+    while time.perf_counter() < stop:
+        started = time.perf_counter()
+        try:
+            await send()
+            if out is not None:
                 out.append(time.perf_counter() - started)
-            except Exception as exc:  # counted and reported, never fatal to the run
+        except Exception as exc:  # counted and reported, never fatal to the run
+            if errors is not None:
                 errors.append(str(exc)[:200])
-                if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
-                    break  # the connection is gone: this client stops
-    finally:
-        closing = close()
-        if asyncio.iscoroutine(closing):
-            await closing
+            if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
+                return False  # the connection is gone: this client stops
+    return True
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     x = np.load(args.data).astype(np.float32)[:1]
+    clients = [await _connect(args, x) for _ in range(args.concurrency)]
     latencies: list[float] = []
     errors: list[str] = []
-    warmup_end = time.perf_counter() + args.warmup
-    await asyncio.gather(*(_worker(args, x, warmup_end, [], []) for _ in range(args.concurrency)))
-    gc.freeze()  # the set-up is no garbage: collections during the run stay short
-    started = time.perf_counter()
-    stop = started + args.seconds
-    await asyncio.gather(
-        *(_worker(args, x, stop, latencies, errors) for _ in range(args.concurrency))
-    )
-    elapsed = time.perf_counter() - started
+    try:
+        # warm up the connections the run then uses: none pays for connecting in it
+        warmup_end = time.perf_counter() + args.warmup
+        await asyncio.gather(*(_worker(send, warmup_end, None, None) for send, _ in clients))
+        gc.freeze()  # the set-up is no garbage: collections during the run stay short
+        started = time.perf_counter()
+        stop = started + args.seconds
+        await asyncio.gather(*(_worker(send, stop, latencies, errors) for send, _ in clients))
+        elapsed = time.perf_counter() - started
+    finally:
+        for _, close in clients:
+            closing = close()
+            if asyncio.iscoroutine(closing):
+                await closing
     values = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
     return {
         "requests": len(latencies),
