@@ -448,9 +448,16 @@ class Agent:
         """The inputs as arrays; an empty batch is refused before anything runs.
 
         Raises:
-            InputError: an input has no rows.
+            InputError: an input has no rows, or is not an array (a ragged list).
         """
-        arrays = {name: np.asarray(value) for name, value in inputs.items()}
+        arrays = {}
+        for name, value in inputs.items():
+            try:
+                arrays[name] = np.asarray(value)
+            except ValueError as exc:  # e.g. [[1, 2], [3]]
+                raise InputError(
+                    f"input {name!r} is not a tensor: {exc} (expected rows of equal length)"
+                ) from None
         for name, array in arrays.items():
             if array.ndim >= 1 and array.shape[0] == 0:
                 raise InputError(

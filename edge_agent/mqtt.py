@@ -134,7 +134,8 @@ class MqttConnection:
         self._published: list[Callable[[int, bool], None]] = []
         self._connected = threading.Event()
         self._listeners: list[Callable[[bool], None]] = []
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()  # read it through dropped_counts()
+        self._dropped_lock = threading.Lock()
         self._started = False
         self._closing = False
 
@@ -270,7 +271,16 @@ class MqttConnection:
                 try:
                     handler(message)
                 except Exception as exc:  # a payload its handler cannot take: dropped, counted
-                    self.dropped[topic] += 1
+                    self._count_drop(topic)
                     log.warning("dropped a message on %s: %s", message.topic, exc)
                 return
-        self.dropped["unexpected"] += 1
+        self._count_drop("unexpected")
+
+    def _count_drop(self, key: str) -> None:
+        with self._dropped_lock:
+            self.dropped[key] += 1
+
+    def dropped_counts(self) -> dict[str, int]:
+        """Messages dropped as unparsable, by subscription (a copy, safe from any thread)."""
+        with self._dropped_lock:
+            return dict(self.dropped)

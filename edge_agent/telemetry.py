@@ -239,7 +239,7 @@ class Telemetry:
                 data = {
                     **data,
                     "queue": {"waiting": self.queue.size, "dropped": self.queue.dropped},
-                    "mqtt": {"dropped": dict(self.connection.dropped)},
+                    "mqtt": {"dropped": self.connection.dropped_counts()},
                 }
             if final:
                 data = {**data, "final": True}

@@ -369,6 +369,9 @@ def test_an_empty_batch_is_refused_before_anything_runs() -> None:
         agent.infer("digits-light", empty)
     with pytest.raises(InputError, match=message):
         agent.explain("digits-light", empty)
+    ragged = {"pixels": [[0.0] * 64, [0.0] * 10]}
+    with pytest.raises(InputError, match=r"input 'pixels' is not a tensor.*equal length"):
+        agent.infer("digits-light", ragged)
     assert agent.loaded() == {}  # not even loaded
     assert agent.counter.total() == 0
     agent.close()

@@ -14,8 +14,8 @@ out. Publishing where a device may not is refused (PUBACK 0x87).
 - ``dynamic-security.json``, for Mosquitto's dynamic security plugin (one role
   per device): subscriptions are checked when they are made, so a device that
   subscribes to another's topics is refused (SUBACK 0x87). The plugin reads
-  the file when Mosquitto starts; a change takes a restart (or
-  ``mosquitto_ctl``).
+  the file when Mosquitto starts (the file has no admin client for
+  ``mosquitto_ctl``): a change, a revocation too, takes a restart.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._swapping = threading.Lock()  # one model swap at a time
         self._heartbeat = time.monotonic()
         self.started_s = 0.0  # from the start of start() to READY=1
 
@@ -144,7 +145,7 @@ class Daemon:
         self.agent = self._build_agent(config)
         if config.ota is not None:
             self.updater = create_updater(config, self.profile)
-            self.updater.on_installed = lambda name, package: self.agent.reload(name, package)
+            self.updater.on_installed = self._swap_in
             self.updater.listeners.append(
                 lambda outcome: self.ota_outcomes.update([outcome.status])
             )
@@ -167,21 +168,29 @@ class Daemon:
             "ready in %.2f s: profile %s, %s, on %s", self.started_s, self.profile.id, models, where
         )
 
+    def _swap_in(self, name: str, package: Any = None) -> None:
+        """Serve ``package`` (or the store's active version) of ``name``; one swap at a
+        time, whoever asks (the updater, or what follows the store)."""
+        with self._swapping:
+            self.agent.reload(name, package)
+
     def _follow_store(self) -> None:
         """Swap in what another process activated in the OTA store: `edge-agent models
         rollback NAME` or `edge-agent update` run beside the daemon."""
         store = self.updater.store
         failed: set[tuple[str, int]] = set()  # tried once; a new activation tries again
         while not self._stop.wait(STORE_WATCH_S):
-            for name, serving in self.agent.loaded().items():
+            for name in self.agent.loaded():
                 active = None
                 try:
-                    active = store.active(name)
-                    if active is None or active.version == serving["version"]:
-                        continue
-                    if (name, active.version) in failed:
-                        continue
-                    self.agent.reload(name)
+                    with self._swapping:  # what is served, and what is active, then
+                        serving = self.agent.loaded().get(name, {}).get("version")
+                        active = store.active(name)
+                        if active is None or active.version == serving:
+                            continue
+                        if (name, active.version) in failed:
+                            continue
+                        self.agent.reload(name)
                     log.info("%s: version %d was activated in the store", name, active.version)
                 except Exception as exc:  # the old version keeps serving
                     failed.add((name, active.version if active else -1))
@@ -357,7 +366,7 @@ class Daemon:
         if telemetry is not None:
             state["queue"] = {"waiting": telemetry.queue.size, "dropped": telemetry.queue.dropped}
         if self.connection is not None:
-            state["mqtt_dropped"] = dict(self.connection.dropped)
+            state["mqtt_dropped"] = self.connection.dropped_counts()
         if self.agent.offload is not None:
             from edge_agent.telemetry import offload_report
 
