@@ -187,6 +187,16 @@ class DownloadError(UpdateError):
     """A download failed, was cut off, or ran past its declared length."""
 
 
+class DownloadRefused(DownloadError):
+    """The server's answer was refused as it is (more than the signed length, or an
+    encoded body): asking again cannot help. ``discard``: what was received of it
+    is worthless too."""
+
+    def __init__(self, message: str, *, discard: bool = False) -> None:
+        super().__init__(message)
+        self.discard = discard
+
+
 class IntegrityError(UpdateError):
     """A blob's length, hash or authentication tag is wrong."""
 

@@ -600,6 +600,31 @@ def test_a_compressed_blob_is_refused_before_it_is_read(tmp_path: Path, encoding
     assert server.accepted == ["identity", "identity"]
 
 
+def test_the_installer_does_not_ask_again_for_a_refused_answer(tmp_path: Path) -> None:
+    """A compressed or endless answer is refused at once, not retried with back-off."""
+    from types import SimpleNamespace
+
+    from edge_agent.errors import DownloadRefused
+    from edge_agent.ota.install import Installer
+    from edge_agent.ota.store import OtaStore
+
+    bomb = compress(b"\0" * (1 << 20), "gzip")
+    for encoding, body, length in (("gzip", bomb, len(bomb)), (None, b"x" * 5000, 100)):
+        server = EncodingServer(lambda path, body=body: body, encoding)
+        info = SimpleNamespace(path="models/m/1/payload", length=length, hashes={"sha256": "00"})
+        try:
+            with httpx.Client(base_url=server.url) as client:
+                installer = Installer(OtaStore(tmp_path / "ota"), client, None, PROFILE)  # type: ignore[arg-type]
+                started = time.monotonic()
+                with pytest.raises(DownloadRefused):
+                    installer._download(info, tmp_path / f"part-{encoding}", "m")
+        finally:
+            server.close()
+        assert len(server.accepted) == 1, encoding  # asked once
+        assert time.monotonic() - started < 1.0
+    assert not (tmp_path / "part-None").exists()  # an endless answer's bytes are dropped
+
+
 def test_a_blob_longer_than_signed_is_cut_in_the_stream(tmp_path: Path) -> None:
     """No Content-Length to refuse up front (a body that ends when the connection
     closes): the download stops at the signed length and keeps nothing past it."""

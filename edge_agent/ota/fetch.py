@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import DownloadError
+from edge_agent.errors import DownloadError, DownloadRefused
 from edge_agent.ota.plan import MAX_PLAN_BYTES
 
 __all__ = ["GatewayFetcher", "download_resumable", "fetch_plan"]
@@ -61,7 +61,7 @@ def _unencoded(
     ):
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise DownloadError(
+            raise DownloadRefused(
                 f"{what} came {encoding}-encoded although only an unencoded body was asked "
                 "for; refused (a compressed body could grow past its length limit)"
             )
@@ -195,16 +195,18 @@ def download_resumable(
             announced = response.headers.get("content-length")
             offered = int(announced) if announced and re.fullmatch("[0-9]+", announced) else 0
             if have + offered > length:
-                raise DownloadError(
+                raise DownloadRefused(
                     f"GET {url}: the server offers {have + offered} bytes, but the signed "
-                    f"metadata says {length}; refused (endless data)"
+                    f"metadata says {length}; refused (endless data)",
+                    discard=True,
                 )
             with target.open(mode) as out:
                 for chunk in _raw(response):  # as it arrives: a cut loses nothing
                     if have + len(chunk) > length:
-                        raise DownloadError(
+                        raise DownloadRefused(
                             f"GET {url}: more than the {length} bytes the signed metadata "
-                            "declares; refused (endless data)"
+                            "declares; refused (endless data)",
+                            discard=True,
                         )
                     out.write(chunk)
                     digest.update(chunk)

@@ -28,6 +28,7 @@ from typing import Any
 
 from edge_agent.errors import (
     DownloadError,
+    DownloadRefused,
     EdgeError,
     IntegrityError,
     MetadataError,
@@ -215,10 +216,11 @@ class Installer:
                     bandwidth=self.bandwidth,
                     on_chunk=lambda done: self._chunk(name, done, info.length),
                 )
-            except DownloadError as exc:
-                if "endless data" in str(exc):
+            except DownloadRefused as exc:  # asking again cannot help
+                if exc.discard:
                     part.unlink(missing_ok=True)
-                    raise
+                raise
+            except DownloadError as exc:
                 last = exc
                 log.info("download of %s interrupted (%s); resuming", name, exc)
                 time.sleep(min(2.0, 0.1 * 2**attempt))
