@@ -561,3 +561,15 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(tmp_path: Path) -
     finally:
         running.stop()
         gateway.close()
+
+
+def test_the_daemon_leaves_httpxs_command_line_libraries_unloaded() -> None:
+    """httpx imports click, rich and pygments (~6 MB) when they are installed, for its
+    command line; the daemon, which offloads and updates over httpx, never needs them."""
+    code = (
+        "import sys\n"
+        "import edge_agent.service.daemon, httpx\n"
+        "print([m for m in ('rich', 'click', 'pygments') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -49,6 +50,10 @@ from edge_agent.service.notify import Notifier
 from edge_agent.service.thermal import ThermalController
 
 __all__ = ["Daemon"]
+
+# httpx imports the libraries of its command line (click, rich, pygments: ~6 MB of the
+# daemon's memory) whenever they are installed; the daemon never runs that command line.
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 log = logging.getLogger(__name__)
 
