@@ -306,6 +306,11 @@ def compress(body: bytes, encoding: str) -> bytes:
     return bytes(brotli.compress(body, quality=5))
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that refuses an answer hangs up while it is being sent: expected here."""
+
+
 class EncodingServer:
     """A real HTTP server on loopback that answers with compressed bodies whatever the
     client asks for (a misconfigured gateway, or a hostile proxy in front of one).
@@ -346,7 +351,7 @@ class EncodingServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 
