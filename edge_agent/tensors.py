@@ -11,8 +11,8 @@ rule: ``uint8`` to ``float32``, ``int8`` to ``int32``), and in three cases a
 user expects, decided by the values themselves:
 
 - floats to a narrower float (``float64`` to ``FP32``/``FP16``) when every
-  value is finite and within the target's range (rounding is expected, an
-  ``inf`` is not);
+  finite value is within the target's range (rounding is expected, a finite
+  value turned ``inf`` is not; ``nan`` and ``inf`` stay what they are);
 - integers to a float input when every value is represented exactly;
 - Python integers (lists and scalars, as JSON gives them) to an integer input
   when every value fits the target's range.
@@ -203,10 +203,10 @@ def _unsafe_cast_problem(
     (``''`` when the dtypes alone rule it out)."""
     kind, name = array.dtype.kind, _describe_dtype(target)
     if kind == "f" and target.kind == "f":
-        if not np.isfinite(array).all():
-            return ": a value is not finite (nan or inf)"
+        # nan and inf stay what they are; a finite value must not become inf
+        finite = array[np.isfinite(array)]
         limit = float(np.finfo(target).max)
-        largest = float(np.abs(array).max())
+        largest = float(np.abs(finite).max()) if finite.size else 0.0
         if largest > limit:
             return f": a value of magnitude {largest:g} is beyond {name}'s range (±{limit:g})"
         return None
