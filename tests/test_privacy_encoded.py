@@ -363,3 +363,18 @@ def test_a_batch_of_image_files_in_uint8_rows_is_searched_and_redacted(
         rgb = decode(blob)
         assert rgb is not None and detector.detect(rgb) == [] and exif_of(blob) == {}
     guard.check(request(redacted), label=None, redacted=True)
+
+
+def test_a_picture_whose_pixels_spell_a_signature_is_still_a_picture(
+    detector: FaceDetector,
+) -> None:
+    """A pixel of (255, 216, 255) reads like a JPEG's first bytes: the picture is still
+    searched as one, not taken for files that do not decode."""
+    rgb = data.astronaut().copy()
+    rgb[0, 0] = (255, 216, 255)
+    inspector = PrivacyInspector(detector)
+    findings = inspector.inspect({"image": rgb[None]})
+    assert findings.unsearchable == [] and findings.face_count == 1
+    grey = np.full((64, 64), 200, np.uint8)  # 2-D, rows of 64 bytes: one may spell a JPEG
+    grey[5, :3] = (0xFF, 0xD8, 0xFF)
+    assert inspector.inspect({"grey": grey}).unsearchable == ["grey"]  # refused, not passed

@@ -95,19 +95,28 @@ def _looks_like_a_picture(array: Array) -> bool:
     return sum(1 for d in array.shape if d >= PICTURE_SIDE) >= 2
 
 
+# An image file is never shorter; the first two bytes of each format, as one number.
+MIN_FILE_BYTES = 64
+_PAIR = np.array([256, 1], np.uint16)
+_STARTS = np.array([0xFFD8, 0x8950, 0x4749, 0x5249, 0x4949, 0x4D4D, 0x424D], np.uint16)
+
+
 def _holds_text(array: Array) -> bool:
     return array.dtype == object or array.dtype.kind in "SU"
 
 
 def _byte_rows(array: Array) -> bool:
-    """A ``uint8`` tensor of image files' bytes, one file per row of its last axis (1-D:
-    one file; ``[N, L]``: a batch, each padded to L), some row starting with an image
-    signature. A picture of grey pixels is not (unless its first pixels spell a
-    signature: then it is taken for files that do not decode, and refused)."""
-    if array.dtype != np.uint8 or array.ndim < 1 or array.shape[-1] == 0:
+    """A ``uint8`` tensor of image files' bytes: one file (1-D) or a batch of them, one
+    per row, padded to one length (``[N, L]``), some row starting with an image
+    signature. Pictures are not: their last axis is channels (``HWC``, a pixel is no
+    file however its bytes read) or a row of grey pixels, and a row of pixels that
+    happens to spell a signature makes a picture of files that do not decode,
+    which is refused rather than let through unsearched."""
+    if array.dtype != np.uint8 or array.ndim not in (1, 2) or array.shape[-1] < MIN_FILE_BYTES:
         return False
     rows = array.reshape(-1, array.shape[-1])
-    return any(image_format(row[:32].tobytes()) is not None for row in rows)
+    candidates = np.flatnonzero(np.isin(rows[:, :2].astype(np.uint16) @ _PAIR, _STARTS))
+    return any(image_format(rows[i, :32].tobytes()) is not None for i in candidates)
 
 
 def _holds_bytes(array: Array) -> bool:
