@@ -244,31 +244,22 @@ def run_hybrid(
     return report
 
 
-def format_hybrid(report: dict[str, Any]) -> str:
-    rows = [
-        [
-            name,
-            round(100 * s["accuracy"], 2),
-            round(100 * s["offloaded_share"], 1),
-            s["mean_ms"],
-            s["p99_ms"],
-            s["errors"],
-            s["late"],
-        ]
-        for name, s in report["setups"].items()
+def _row(name: str, s: dict[str, Any]) -> list[Any]:
+    return [
+        name,
+        round(100 * s["accuracy"], 2),
+        round(100 * s["offloaded_share"], 1),
+        s["mean_ms"],
+        s["p99_ms"],
+        s["errors"],
+        s["late"],
     ]
+
+
+def format_hybrid(report: dict[str, Any]) -> str:
+    rows = [_row(name, s) for name, s in report["setups"].items()]
     outage = report["gateway_killed_halfway"]
-    rows.append(
-        [
-            "hybrid, gateway killed halfway",
-            round(100 * outage["accuracy"], 2),
-            round(100 * outage["offloaded_share"], 1),
-            outage["mean_ms"],
-            outage["p99_ms"],
-            outage["errors"],
-            outage["late"],
-        ]
-    )
+    rows.append(_row("hybrid, gateway killed halfway", outage))
     summary = report["summary"]
     return "\n".join(
         [
