@@ -26,13 +26,13 @@ import argparse
 import asyncio
 import logging
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import GatewayConfig, MqttBridgeConfig, load_config
+from edge_agent.cli import run_command
 from edge_agent.errors import EdgeError
 
 __all__ = ["main"]
@@ -521,12 +521,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"{PROG}: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
-    try:
-        return int(args.run(args))
-    except (EdgeError, OSError) as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    # an address in use or a file it cannot read is an error of the operator's too
+    return run_command(args, prog=PROG, expected=(EdgeError, OSError))

@@ -67,36 +67,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(args)
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(
+    args: argparse.Namespace,
+    *,
+    prog: str = PROG,
+    expected: tuple[type[BaseException], ...] = (EdgeError,),
+) -> int:
     """Run the parsed command (``args.run``); turn what it raises into an exit status.
 
-    Errors of the package print one line; anything else is a bug and prints
-    one line that says so (the traceback with ``--debug``); a closed stdout
-    pipe ends the command quietly.
+    ``expected`` errors (the package's own) print one line; anything else is a
+    bug and prints one line that says so (the traceback with ``--debug``); a
+    closed stdout pipe ends the command quietly. ``cloud-gateway`` shares it.
     """
     try:
         code = int(args.run(args))
         # Flush here, not at exit, so that a closed pipe is caught below.
         sys.stdout.flush()
         return code
-    except EdgeError as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         # The reader went away (`edge-agent ... | head -1`): not an error of ours.
         # Point stdout at devnull so that the interpreter's final flush does not
         # fail again and print a traceback on the way out.
         _silence_stdout()
         return 1  # as Python's own recipe does: the output was cut short
+    except expected as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     except Exception as exc:  # the last resort: a bug, told in one line
         if args.debug:
             traceback.print_exc()
         print(
-            f"{PROG}: error: {getattr(args, 'command', PROG)} failed unexpectedly: "
+            f"{prog}: error: {getattr(args, 'command', prog)} failed unexpectedly: "
             f"{type(exc).__name__}: {exc} (run with --debug for the traceback)",
             file=sys.stderr,
         )
