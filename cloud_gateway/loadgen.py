@@ -7,11 +7,12 @@ object with the request count, errors and latency percentiles.
 Two kinds of client:
 
 - ``raw`` (the default), in the manner of Triton's ``perf_analyzer``: each
-  client encodes its request once (the protocol's own protobuf message, or the
-  HTTP binary tensor extension) and then only sends those bytes and reads and
-  checks the answer (status, output tensor size). On a machine whose cores the
-  clients share with the gateway, a cheap client leaves the CPU to the system
-  under test, as remote clients would.
+  client encodes its request once, with the agent's own encoders (the
+  protocol's protobuf message, or the HTTP binary tensor extension), and then
+  only sends those bytes and reads and checks the answer (status, output
+  tensor size). On a machine whose cores the clients share with the gateway,
+  a cheap client leaves the CPU to the system under test, as remote clients
+  would.
 - ``tritonclient``: the stock ``tritonclient`` aio clients, which rebuild and
   decode every request in Python and so cost about as much CPU as the server.
 
@@ -33,6 +34,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from edge_agent.protocol.rest import encode_infer_request
+from edge_agent.protocol.types import InferRequest
+
 Send = Callable[[], Awaitable[None]]
 
 
@@ -44,17 +48,19 @@ def _output_bytes(args: argparse.Namespace) -> int:
     return int(args.output_elements) * 4
 
 
+def _request(args: argparse.Namespace, x: np.ndarray) -> InferRequest:
+    return InferRequest(
+        inputs={args.input: x}, datatypes={args.input: "FP32"}, model_name=args.model
+    )
+
+
 async def _grpc_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
     import grpc
     from tritonclient.grpc import service_pb2 as pb
 
-    request = pb.ModelInferRequest(model_name=args.model)
-    tensor = request.inputs.add()
-    tensor.name = args.input
-    tensor.datatype = "FP32"
-    tensor.shape.extend(x.shape)
-    request.raw_input_contents.append(x.astype("<f4").tobytes())
-    body = request.SerializeToString()
+    from edge_agent.protocol.grpc import request_to_proto
+
+    body = request_to_proto(_request(args, x)).SerializeToString()
     channel = grpc.aio.insecure_channel(args.url)
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     metadata = (("authorization", f"Bearer {args.token}"),)
@@ -71,29 +77,16 @@ async def _grpc_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
 async def _http_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
     url = urlsplit(args.url if "://" in args.url else f"http://{args.url}")
     host, port = url.hostname or "127.0.0.1", url.port or 80
-    data = x.astype("<f4").tobytes()
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": args.input,
-                    "shape": list(x.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(data)},
-                }
-            ],
-            "parameters": {"binary_data_output": True},
-        }
-    ).encode()
+    body, header_length = encode_infer_request(_request(args, x))  # binary tensors
     head = (
         f"POST /v2/models/{args.model}/infer HTTP/1.1\r\n"
         f"Host: {f'[{host}]' if ':' in host else host}:{port}\r\n"
         f"Authorization: Bearer {args.token}\r\n"
         "Content-Type: application/octet-stream\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n"
-        f"Content-Length: {len(header) + len(data)}\r\n\r\n"
+        f"Inference-Header-Content-Length: {header_length}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
-    message = head + header + data
+    message = head + body
     reader, writer = await asyncio.open_connection(host, port)
     expected = _output_bytes(args)
 
