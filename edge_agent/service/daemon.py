@@ -306,8 +306,8 @@ class Daemon:
         self.config = config
         # requests already on the old agent finish there; it is closed when none is left
         self.service.retire(old)
-        self.notifier.reloaded()
         log.info("reloaded %s", self.config_path or "the embedded defaults")
+        self.notifier.reloaded()
         return True
 
     # -- the main thread ------------------------------------------------------------------------
