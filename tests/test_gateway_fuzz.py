@@ -25,6 +25,7 @@ def test_no_server_errors_from_generated_requests(gateway: GatewayHandle) -> Non
             @settings(
                 max_examples=25,
                 deadline=None,
+                derandomize=True,  # the same cases on every run: CI does not flake
                 suppress_health_check=list(HealthCheck),
                 database=None,
             )

@@ -522,7 +522,7 @@ face_detector = false
             result = agent.infer("digits-heavy", {"pixels": x}, deadline_ms=300)  # cloud only
             elapsed = time.monotonic() - started
             assert result.degraded and result.model == "digits-light"  # the local stand-in
-            assert elapsed < 0.35, elapsed
+            assert elapsed < 0.3 + 0.15, elapsed  # the deadline, and room for a busy machine
             assert "no answer over MQTT" in (result.error or "") or "breaker" in (
                 result.error or ""
             )
@@ -540,10 +540,11 @@ def test_a_lost_broker_is_unavailable_at_once(broker: Mosquitto) -> None:
     wait_for(lambda: not connection.connected, what="the disconnect")
     from edge_agent.errors import OffloadUnavailable
 
+    request = light_request(digits(1))
     started = time.monotonic()
     with pytest.raises(OffloadUnavailable, match="not connected"):
-        transport.infer(light_request(digits(1)), timeout=5)
-    assert time.monotonic() - started < 0.1
+        transport.infer(request, timeout=5)
+    assert time.monotonic() - started < 0.5  # at once, not after the 5 s timeout
     broker.start()
     assert connection.wait_connected(10)
     with pytest.raises(OffloadTimeout):  # connected, but nobody answers
@@ -741,12 +742,22 @@ def test_a_rollout_announcement_starts_an_update_at_once(tmp_path: Path) -> None
     link = FleetLink(connection, updater=updater, group=GROUP)
     checks: list[Any] = []
     updater.listeners.append(checks.append)
+    first_check = threading.Event()
+    check = updater.check
+
+    def check_once_seen() -> Any:
+        try:
+            return check()
+        finally:
+            first_check.set()
+
+    updater.check = check_once_seen  # type: ignore[method-assign]
     worker = threading.Thread(target=updater.run, daemon=True)
     try:
         link.start()
         assert connection.wait_connected(10)
         worker.start()
-        time.sleep(0.5)  # the first check (at start) finds nothing to do
+        assert first_check.wait(20)  # the first check (at start) finds nothing to do
         assert world.store(device).active("digits-light") is None
         world.release("digits-light", 2, LIGHT_INT8)
         wait_for(lambda: checks, timeout=20, what="the update")

@@ -622,7 +622,7 @@ def test_the_installer_does_not_ask_again_for_a_refused_answer(tmp_path: Path) -
         finally:
             server.close()
         assert len(server.accepted) == 1, encoding  # asked once
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 2.0  # no retries with their backoff
     assert not (tmp_path / "part-None").exists()  # an endless answer's bytes are dropped
 
 

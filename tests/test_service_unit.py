@@ -158,15 +158,16 @@ def test_watchdog_pings_at_half_the_interval_while_healthy(receiver: Receiver) -
         assert notifier.start_watchdog(healthy.is_set)
         with pytest.raises(RuntimeError, match="already running"):
             notifier.start_watchdog(healthy.is_set)
-        # one ping at once, then one every 0.1 s: about 7 in 0.6 s
-        assert 4 <= pings(receiver.messages(0.6)) <= 9
+        # one ping at once, then one every 0.1 s: about 7 in 0.6 s (a busy machine may
+        # delay one or two)
+        assert 3 <= pings(receiver.messages(0.6)) <= 10
 
         healthy.clear()
-        receiver.messages(0.15)  # a ping already under way may still land
+        receiver.messages(0.3)  # a ping already under way may still land
         assert pings(receiver.messages(0.5)) == 0
 
         healthy.set()
-        assert pings(receiver.messages(0.35)) >= 2
+        assert pings(receiver.messages(0.6)) >= 2
     assert pings(receiver.messages(0.3)) == 0  # stopped by the with block
 
 

@@ -382,9 +382,10 @@ def test_the_background_loop_steps_on_its_interval(pi5: DeviceProfile, root: Pat
         with pytest.raises(RuntimeError, match="already running"):
             thermal.start()
         heat(root, 82.0)
-        assert wait_until(lambda: thermal.power_mode == "powersave", 10 * interval)
+        # well under the 5 s default interval, with room for a busy machine
+        assert wait_until(lambda: thermal.power_mode == "powersave", 100 * interval)
         heat(root, 70.0)
-        assert wait_until(lambda: thermal.power_mode == "balanced", 10 * interval)
+        assert wait_until(lambda: thermal.power_mode == "balanced", 100 * interval)
     finally:
         thermal.stop(timeout=5.0)
     assert not thermal.running

@@ -64,6 +64,7 @@ class Mosquitto:
             "log_type error",
             "log_type warning",
             "log_type notice",
+            "log_type information",  # "Reloading config.": reload() waits for it
         ]
         if os.geteuid() == 0:
             lines.append("user root")  # keep root: the files are the caller's
@@ -105,11 +106,23 @@ class Mosquitto:
         stop_process(self.process)
         self.process = None
 
-    def reload(self) -> None:
-        """SIGHUP: re-read the password and ACL files."""
+    def reload(self, timeout: float = 10.0) -> None:
+        """SIGHUP: re-read the password and ACL files. Returns once the broker has
+        begun the reload, which it finishes before it reads another packet."""
         assert self.process is not None
+        before = self._reloads()
         self.process.send_signal(1)
-        time.sleep(0.3)
+        end = time.monotonic() + timeout
+        while self._reloads() == before:
+            if time.monotonic() > end:
+                raise EdgeError(f"mosquitto did not reload within {timeout} s")
+            time.sleep(0.01)
+
+    def _reloads(self) -> int:
+        try:
+            return self.log.read_text(errors="replace").count("Reloading config")
+        except FileNotFoundError:
+            return 0
 
     def restart(self) -> None:
         self.stop()
