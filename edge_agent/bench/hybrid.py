@@ -42,7 +42,7 @@ from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 
-__all__ = ["gateway_process", "run_hybrid"]
+__all__ = ["bench_agent", "gateway_process", "run_hybrid"]
 
 ACCURACY_TARGET_POINTS = 0.5
 OFFLOAD_TARGET = 0.25
@@ -101,7 +101,7 @@ def gateway_process(
             process.stderr.close()
 
 
-def _agent(
+def bench_agent(
     profile: DeviceProfile,
     repository: ModelRepository,
     address: str | None,
@@ -110,6 +110,8 @@ def _agent(
     escalate: bool,
     cooldown_s: float = 60.0,
 ) -> Agent:
+    """An agent with the default policy, offloading over gRPC to ``address`` (none:
+    local only); ``escalate=False`` keeps ``digits-light`` on the device."""
     rules = load_policy(DEFAULT_POLICY)
     if not escalate:
         rules = replace(
@@ -196,17 +198,21 @@ def run_hybrid(
             setups = [
                 (
                     "local-only",
-                    _agent(profile, repository, None, "", escalate=False),
+                    bench_agent(profile, repository, None, "", escalate=False),
                     "digits-light",
                 ),
                 (
                     "cloud-only",
-                    _agent(profile, repository, gateway["grpc"], gateway["token"], escalate=False),
+                    bench_agent(
+                        profile, repository, gateway["grpc"], gateway["token"], escalate=False
+                    ),
                     "digits-heavy",
                 ),
                 (
                     "hybrid",
-                    _agent(profile, repository, gateway["grpc"], gateway["token"], escalate=True),
+                    bench_agent(
+                        profile, repository, gateway["grpc"], gateway["token"], escalate=True
+                    ),
                     "digits-light",
                 ),
             ]
@@ -216,7 +222,9 @@ def run_hybrid(
                 if name == "hybrid":
                     report["setups"][name]["variant"] = agent._local["digits-light"].variant.id
                 agent.close()
-            hybrid = _agent(profile, repository, gateway["grpc"], gateway["token"], escalate=True)
+            hybrid = bench_agent(
+                profile, repository, gateway["grpc"], gateway["token"], escalate=True
+            )
             hybrid.infer("digits-light", {"pixels": inputs[:1]}, deadline_ms=5000)
             process = gateway["process"]
 

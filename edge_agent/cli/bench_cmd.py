@@ -12,7 +12,7 @@ from edge_agent.package import ModelRepository
 from edge_agent.paths import default_model_dir
 from edge_agent.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid", "ota", "mqtt", "service")
+SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service")
 
 
 def register(commands: Any) -> None:
@@ -39,7 +39,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--sizes", default="50,200", help="model sizes in MB (ota)")
     parser.add_argument("--messages", type=int, default=5000, help="telemetry messages (mqtt)")
     parser.add_argument(
-        "--requests", type=int, default=300, help="round trips each (mqtt, service)"
+        "--requests", type=int, help="round trips each (mqtt, service: 300; offload: 1000)"
     )
     parser.add_argument(
         "--soak-s", type=float, default=300.0, help="seconds of mixed load (service)"
@@ -56,6 +56,8 @@ def register(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     if args.suite == "hybrid":
         return _hybrid(args)
+    if args.suite == "offload":
+        return _offload(args)
     if args.suite == "ota":
         return _ota(args)
     if args.suite == "mqtt":
@@ -84,6 +86,17 @@ def _hybrid(args: argparse.Namespace) -> int:
     return _done(args, report, format_hybrid(report))
 
 
+def _offload(args: argparse.Namespace) -> int:
+    from edge_agent.bench.offload import format_offload, run_offload
+
+    requests = 1000 if args.requests is None else args.requests
+    if requests < 1:
+        raise CliError(f"--requests must be at least 1, got {requests}")
+    profile, _ = resolve_profile(args)
+    report = run_offload(profile, args.model_dir or default_model_dir(), requests=requests)
+    return _done(args, report, format_offload(report))
+
+
 def _ota(args: argparse.Namespace) -> int:
     from edge_agent.bench.ota import format_ota, run_ota
 
@@ -95,7 +108,7 @@ def _mqtt(args: argparse.Namespace) -> int:
     from edge_agent.bench.mqtt import format_mqtt, run_mqtt
 
     report = run_mqtt(
-        args.model_dir or default_model_dir(), messages=args.messages, requests=args.requests
+        args.model_dir or default_model_dir(), messages=args.messages, requests=args.requests or 300
     )
     return _done(args, report, format_mqtt(report))
 
@@ -103,7 +116,9 @@ def _mqtt(args: argparse.Namespace) -> int:
 def _service(args: argparse.Namespace) -> int:
     from edge_agent.bench.service import ServiceSettings, format_service, run_service
 
-    settings = ServiceSettings(requests=args.requests, soak_s=args.soak_s, starts=args.starts)
+    settings = ServiceSettings(
+        requests=args.requests or 300, soak_s=args.soak_s, starts=args.starts
+    )
     report = run_service(args.model_dir or default_model_dir(), settings)
     return _done(args, report, format_service(report))
 
