@@ -256,6 +256,7 @@ class Agent:
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._packages: dict[str, ModelPackage | None] = {}
+        self._best: dict[tuple[str, int, tuple[str, ...]], tuple[ModelPackage, Variant | None]] = {}
         self._remote: dict[str, LatencyEstimate] = {}
         self.degraded = 0
         self.cached_answers = 0
@@ -285,16 +286,24 @@ class Agent:
         return package
 
     def _best_variant(self, package: ModelPackage) -> Variant | None:
+        """The variant this device would run (remembered per package and precision
+        order: the policy asks on every request)."""
+        precisions = self.precisions
+        key = (package.name, package.version, precisions)
+        known = self._best.get(key)
+        if known is not None and known[0] is package:
+            return known[1]
         try:
-            ranked = rank_variants(
+            best: Variant | None = rank_variants(
                 package,
-                precisions=self.precisions,
+                precisions=precisions,
                 formats=self.profile.formats,
                 installed=installed_formats(),
-            )
+            )[0]
         except NoVariantError:
-            return None
-        return ranked[0]
+            best = None
+        self._best[key] = (package, best)
+        return best
 
     def _fits(self, variant: Variant, model: str) -> bool:
         used = (
@@ -557,7 +566,10 @@ class Agent:
         def result(
             outputs: dict[str, Array], where: str, answered_by: str, **extra: Any
         ) -> AgentResult:
-            self.cache.put(ResultCache.key(answered_by, arrays), outputs)
+            if self.rules.rule(answered_by).placement != "device":
+                # kept to stand in when the cloud fails; a device-only model is never
+                # offloaded, and hashing its input (an image: ~0.2 ms) would be waste
+                self.cache.put(ResultCache.key(answered_by, arrays), outputs)
             package = self.package(answered_by)
             return AgentResult(
                 model=answered_by,

@@ -430,3 +430,16 @@ def test_the_deadline_counts_the_local_queue_and_says_when_estimates_are_missing
     assert "3 ahead" in decision.message
     local.running = 0
     agent.close()
+
+
+def test_answers_are_kept_for_a_failing_cloud_only_when_the_model_may_be_offloaded(
+    fetched: ModelRepository,
+) -> None:
+    agent = local_agent(fetched)
+    agent.infer("digits-light", {"pixels": low_and_high_confidence()[1]})  # placement either
+    assert len(agent.cache._data) == 1
+    # a device-only model never offloads: its input (an image) is not even hashed
+    picture = np.zeros((1, 128, 128, 3), np.float32)
+    assert agent.infer("face-detection-short-range", {"input": picture}).where == "device"
+    assert len(agent.cache._data) == 1
+    agent.close()
