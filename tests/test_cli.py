@@ -220,12 +220,20 @@ def test_bench_prints_a_table_and_writes_json(tmp_path: Path) -> None:
         str(out),
         check=True,
     )
-    assert "agent overhead over the raw runtime call" in result.stdout
+    assert "session overhead over the raw runtime call" in result.stdout
     report = json.loads(out.read_text())
     assert [v["variant"] for v in report["variants"]] == ["onnx-fp32", "tflite-int8"]
     for entry in report["variants"]:
         assert entry["p50_ms"] > 0 and entry["overhead"]["raw_p50_us"] > 0
         assert entry["accuracy"] == pytest.approx(entry["manifest_accuracy"], abs=0.003)
+    assert "agent_path" not in report  # variants chosen by hand: not what the agent runs
+    # every variant: then the whole Agent.infer path too, on the variant the profile picks
+    result = cli("bench", "--model", "digits-light", "--rounds", "1", "--seconds", "0.02",
+                 "--no-rss", "--profile", "generic-x86_64", "--json", str(out), check=True)  # fmt: skip
+    path = json.loads(out.read_text())["agent_path"]
+    assert path["variant"] == "onnx-int8"  # generic-x86_64 prefers INT8, then ONNX
+    assert path["samples"] > 0 and 0 < path["raw_p50_us"] < path["agent_p50_us"]
+    assert "Agent.infer (onnx-int8, the profile's choice)" in result.stdout
 
 
 def test_policy_explain_show_and_check(repository: ModelRepository, tmp_path: Path) -> None:

@@ -126,11 +126,12 @@ def _service(args: argparse.Namespace) -> int:
 def _runtime(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from edge_agent.bench.runtime import BenchSettings, format_report, run_bench
+    from edge_agent.bench.runtime import BenchSettings, format_report, run_agent_path, run_bench
 
     if not args.model:
         raise CliError("the runtime benchmark needs --model NAME")
-    package = ModelRepository(args.model_dir or default_model_dir()).get(args.model, args.version)
+    repository = ModelRepository(args.model_dir or default_model_dir())
+    package = repository.get(args.model, args.version)
     profile, _ = resolve_profile(args)
     options = profile.runtime
     if args.threads:
@@ -145,4 +146,6 @@ def _runtime(args: argparse.Namespace) -> int:
     )
     report = run_bench(package, variants, options, settings)
     report["profile"] = profile.id
+    if not (args.threads or args.variant or args.version):  # as the agent would run it
+        report["agent_path"] = run_agent_path(profile, repository, package.name, settings)
     return _done(args, report, format_report(report))
