@@ -68,7 +68,7 @@ from edge_agent.policy import (
 )
 from edge_agent.privacy import Findings, PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
-from edge_agent.profiles.state import DeviceState, read_device_state
+from edge_agent.profiles.state import DeviceState, Sampled, read_device_state
 from edge_agent.protocol.types import InferRequest
 from edge_agent.runtime import Session, open_best, rank_variants
 from edge_agent.runtime.selection import installed_formats
@@ -240,7 +240,8 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``online`` tells whether the device has a network link at all (e.g. the MQTT
-        connection's state); ``device_state`` its heat and load."""
+        connection's state); ``device_state`` its heat and load (by default read under
+        ``root`` at most once a second)."""
         self.profile = profile
         self.repository = repository
         self.rules = rules
@@ -249,7 +250,7 @@ class Agent:
         self.cache = ResultCache(cache_entries)
         self.deadline_ms = deadline_ms
         self.counter = DecisionCounter()
-        self._device_state = device_state or (lambda: read_device_state(profile, root))
+        self._device_state = device_state or Sampled(lambda: read_device_state(profile, root))
         self._online = online
         self._clock = clock
         self._local: dict[str, _Local] = {}

@@ -441,3 +441,39 @@ def test_bad_settings_are_refused_with_what_was_expected(pi5: DeviceProfile, roo
         ThermalController(pi5, root, hysteresis_c=-1)
     with pytest.raises(ProfileError, match="no power mode 'turbo'; it has performance"):
         ThermalController(pi5, root, home_mode="turbo")
+
+
+def test_readings_asked_for_on_every_request_are_sampled_at_most_once_a_second() -> None:
+    from edge_agent.profiles.state import Sampled
+
+    now = [100.0]
+    reads: list[float] = []
+
+    def read() -> float:
+        reads.append(now[0])
+        return now[0]
+
+    sampled = Sampled(read, max_age_s=1.0, clock=lambda: now[0])
+    assert [sampled() for _ in range(5)] == [100.0] * 5 and reads == [100.0]
+    now[0] = 100.9
+    assert sampled() == 100.0  # still fresh
+    now[0] = 101.0
+    assert sampled() == 101.0 and reads == [100.0, 101.0]
+
+
+def test_the_agent_and_the_controller_read_the_load_once_a_second(
+    pi5: DeviceProfile, root: Path
+) -> None:
+    (root / "proc/loadavg").write_text("1.00 1.00 0.50 1/100 123\n")
+    thermal = controller(pi5, root, Precisions())
+    thermal.step()
+    first = thermal.state().cpu_load
+    (root / "proc/loadavg").write_text("3.00 1.00 0.50 1/100 123\n")
+    assert thermal.state().cpu_load == first  # not read again on the next request
+    agent = Agent(profile=pi5, repository=ModelRepository(MODELS), rules=PolicyRules(), root=root)
+    try:
+        assert agent.device_state().cpu_load == pytest.approx(3.0 / (os.cpu_count() or 1))
+        (root / "proc/loadavg").write_text("0.10 1.00 0.50 1/100 123\n")
+        assert agent.device_state().cpu_load == pytest.approx(3.0 / (os.cpu_count() or 1))
+    finally:
+        agent.close()

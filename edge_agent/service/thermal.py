@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from edge_agent.profiles.power import apply_plan, plan_power_mode, read_temperatures
 from edge_agent.profiles.schema import DeviceProfile, ThermalZone
-from edge_agent.profiles.state import DeviceState, read_cpu_load, read_device_state
+from edge_agent.profiles.state import DeviceState, Sampled, read_cpu_load, read_device_state
 
 __all__ = ["LEVELS", "Level", "ThermalController"]
 
@@ -111,6 +111,7 @@ class ThermalController:
             raise ValueError(f"hysteresis_c: expected degrees Celsius >= 0, got {hysteresis_c}")
         self.profile = profile
         self.root = Path(root)
+        self._cpu_load = Sampled(lambda: read_cpu_load(self.root))
         self.interval_s = interval_s
         self.hysteresis_c = hysteresis_c
         self._apply = apply_power_mode or self._apply_plan
@@ -155,7 +156,7 @@ class ThermalController:
     def state(self) -> DeviceState:
         """The device's state for the policy (asked for on every request): the
         temperatures of the last step (read now only before the first one), the
-        load read now, and ``throttled`` and ``critical`` from the controller's
+        load (read at most once a second), and ``throttled`` and ``critical`` from the controller's
         level (with its hysteresis)."""
         level = self.level
         temperatures = self.temperatures
@@ -168,7 +169,7 @@ class ThermalController:
         return DeviceState(
             throttled=level in ("hot", "critical"),
             critical=level == "critical",
-            cpu_load=read_cpu_load(self.root),
+            cpu_load=self._cpu_load(),
             temperatures=tuple(temperatures.items()),
         )
 
