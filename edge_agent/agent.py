@@ -250,7 +250,9 @@ class Agent:
         self.cache = ResultCache(cache_entries)
         self.deadline_ms = deadline_ms
         self.counter = DecisionCounter()
-        self._device_state = device_state or Sampled(lambda: read_device_state(profile, root))
+        self._device_state = device_state or Sampled(
+            lambda: read_device_state(profile, root), clock=clock
+        )
         self._online = online
         self._clock = clock
         self._local: dict[str, _Local] = {}
@@ -567,9 +569,10 @@ class Agent:
         def result(
             outputs: dict[str, Array], where: str, answered_by: str, **extra: Any
         ) -> AgentResult:
-            if self.rules.rule(answered_by).placement != "device":
-                # kept to stand in when the cloud fails; a device-only model is never
-                # offloaded, and hashing its input (an image: ~0.2 ms) would be waste
+            if where == "cloud":
+                # kept to stand in when the cloud fails again (after the local stand-ins,
+                # which would answer a local answer's input again themselves): hashing
+                # every local request's input (an image: ~0.2 ms) would be waste
                 self.cache.put(ResultCache.key(answered_by, arrays), outputs)
             package = self.package(answered_by)
             return AgentResult(
@@ -603,7 +606,7 @@ class Agent:
                 self.degraded += 1
             elif decision.escalate_to is not None:
                 scores = next(iter(outputs.values()))
-                confidence = float(np.min(np.max(scores.reshape(len(scores), -1), axis=-1)))
+                confidence = float(scores.reshape(len(scores), -1).max(axis=-1).min())
                 second, findings = self._decide(model, arrays, label, deadline, state, confidence)
                 if (second.action, second.reason) != (decision.action, decision.reason):
                     decision = second  # what was decided knowing the confidence

@@ -280,7 +280,7 @@ def test_fallback_tiers_cache_then_error(
     started = time.monotonic()
     with pytest.raises(OffloadError, match="no local model or cached answer for 'ppocr-det'"):
         agent.infer("ppocr-det", picture("chelsea", fetched), deadline_ms=500)
-    assert time.monotonic() - started < 2.0  # not a timeout's wait
+    assert time.monotonic() - started < 0.5 + 0.3  # within the deadline (a busy machine)
     agent.close()
 
 
@@ -336,7 +336,8 @@ def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceDetecto
             result = agent.infer("digits-heavy", digits, deadline_ms=200)  # cloud-only: offloaded
             elapsed = time.monotonic() - started
             assert result.degraded and result.model == "digits-light"  # the light stand-in
-            # the stand-in's time was kept in reserve (the bound allows for a busy machine)
+            # it stopped waiting for the gateway at the deadline (not at gRPC's own
+            # timeout), the stand-in's few ms kept in reserve; room for a busy machine
             assert elapsed < 0.2 + 0.15, elapsed
     finally:
         agent.close()
@@ -432,14 +433,13 @@ def test_the_deadline_counts_the_local_queue_and_says_when_estimates_are_missing
     agent.close()
 
 
-def test_answers_are_kept_for_a_failing_cloud_only_when_the_model_may_be_offloaded(
-    fetched: ModelRepository,
-) -> None:
+def test_only_the_clouds_answers_are_kept_to_stand_in_for_it(fetched: ModelRepository) -> None:
+    """A local answer needs no copy (the local model answers again); hashing each local
+    request's input for one would cost ~0.2 ms on an image. The cloud's answers are
+    kept (see test_fallback_tiers_cache_then_error)."""
     agent = local_agent(fetched)
-    agent.infer("digits-light", {"pixels": low_and_high_confidence()[1]})  # placement either
-    assert len(agent.cache._data) == 1
-    # a device-only model never offloads: its input (an image) is not even hashed
+    assert agent.infer("digits-light", {"pixels": low_and_high_confidence()[1]}).where == "device"
     picture = np.zeros((1, 128, 128, 3), np.float32)
     assert agent.infer("face-detection-short-range", {"input": picture}).where == "device"
-    assert len(agent.cache._data) == 1
+    assert len(agent.cache._data) == 0
     agent.close()

@@ -233,7 +233,10 @@ def test_bench_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     path = json.loads(out.read_text())["agent_path"]
     assert path["variant"] == "onnx-int8"  # generic-x86_64 prefers INT8, then ONNX
     assert path["samples"] > 0 and 0 < path["raw_p50_us"] < path["agent_p50_us"]
-    assert "Agent.infer (onnx-int8, the profile's choice)" in result.stdout
+    assert "Agent.infer (onnx-int8, the profile's choice, under the shipped policy)" in (
+        result.stdout
+    )
+    assert path["policy"] == "the shipped policy"  # digits-light may run on the device
 
 
 def test_policy_explain_show_and_check(repository: ModelRepository, tmp_path: Path) -> None:

@@ -464,16 +464,23 @@ def test_readings_asked_for_on_every_request_are_sampled_at_most_once_a_second()
 def test_the_agent_and_the_controller_read_the_load_once_a_second(
     pi5: DeviceProfile, root: Path
 ) -> None:
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    per_cpu = 1.0 / (os.cpu_count() or 1)
     (root / "proc/loadavg").write_text("1.00 1.00 0.50 1/100 123\n")
-    thermal = controller(pi5, root, Precisions())
+    thermal = ThermalController(pi5, root, set_precision=Precisions(), clock=clock)
     thermal.step()
-    first = thermal.state().cpu_load
-    (root / "proc/loadavg").write_text("3.00 1.00 0.50 1/100 123\n")
-    assert thermal.state().cpu_load == first  # not read again on the next request
-    agent = Agent(profile=pi5, repository=ModelRepository(MODELS), rules=PolicyRules(), root=root)
+    agent = Agent(
+        profile=pi5, repository=ModelRepository(MODELS), rules=PolicyRules(), root=root,
+        clock=clock,
+    )  # fmt: skip
     try:
-        assert agent.device_state().cpu_load == pytest.approx(3.0 / (os.cpu_count() or 1))
-        (root / "proc/loadavg").write_text("0.10 1.00 0.50 1/100 123\n")
-        assert agent.device_state().cpu_load == pytest.approx(3.0 / (os.cpu_count() or 1))
+        readers = (thermal.state, agent.device_state)
+        assert [read().cpu_load for read in readers] == pytest.approx([per_cpu] * 2)
+        (root / "proc/loadavg").write_text("3.00 1.00 0.50 1/100 123\n")
+        now[0] = 0.9  # the next requests, within the second: the load is not read again
+        assert [read().cpu_load for read in readers] == pytest.approx([per_cpu] * 2)
+        now[0] = 1.0
+        assert [read().cpu_load for read in readers] == pytest.approx([3 * per_cpu] * 2)
     finally:
         agent.close()

@@ -13,7 +13,9 @@ One run on loopback, three paths interleaved request by request, each row of
   request goes: the policy's decision, the exit guard's privacy check, the
   offload client (breaker, estimates), the transport.
 
-The order turns each round, so that no path always follows the same one. Then
+The order is drawn at random each round (seeded), so that no path always
+follows the same one. The floor adds the gateway's mean compute time (its
+histogram's sum over its count) to the echo's p50. Then
 the agent's own share: the agent path again with the transport answering at
 once from a canned response.
 
@@ -26,6 +28,7 @@ compute.
 from __future__ import annotations
 
 import contextlib
+import select
 import subprocess
 import sys
 import tempfile
@@ -53,24 +56,31 @@ WARMUP = 50
 
 
 @contextlib.contextmanager
-def echo_server() -> Iterator[str]:
+def echo_server(timeout: float = 30.0) -> Iterator[str]:
     """The bare echo server in a child process; yields its address."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent.bench.grpc_echo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().strip()
-        if not line.isdigit():
-            raise RuntimeError(f"the echo server did not start (exit {process.poll()})")
-        yield f"127.0.0.1:{line}"
-    finally:
-        stop_process(process)
-        if process.stdout is not None:
-            process.stdout.close()
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "edge_agent.bench.grpc_echo"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        try:
+            assert process.stdout is not None
+            ready, _, _ = select.select([process.stdout], [], [], timeout)
+            line = process.stdout.readline().strip() if ready else ""
+            if not line.isdigit():
+                stderr.seek(0)
+                why = stderr.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"the echo server did not start within {timeout} s "
+                    f"(exit status {process.poll()}): {why or 'nothing on stderr'}"
+                )
+            yield f"127.0.0.1:{line}"
+        finally:
+            stop_process(process)
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 def _compute_seconds(http: str, token: str) -> tuple[float, float]:
@@ -173,6 +183,7 @@ def run_offload(profile: DeviceProfile, model_dir: Path, *, requests: int = 1000
         "target": TARGET,
     }
     samples: dict[str, list[int]] = {name: [] for name in NAMES}
+    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         cloud = Path(tmp) / "repo"
         cloud.mkdir()
@@ -192,9 +203,9 @@ def run_offload(profile: DeviceProfile, model_dir: Path, *, requests: int = 1000
                         datatypes={"pixels": "FP32"},
                         model_name=MODEL,
                     )
-                    # interleaved, the order turning each round: none always follows
+                    # interleaved, in a random order each round: none always follows
                     # the same one (the gateway may still be busy with the last answer)
-                    for name in NAMES[index % 3 :] + NAMES[: index % 3]:
+                    for name in (NAMES[i] for i in rng.permutation(len(NAMES))):
                         started = time.perf_counter_ns()
                         getattr(paths, name)(request)
                         if index >= WARMUP:

@@ -67,6 +67,14 @@ def _bench(args: argparse.Namespace) -> int:
     return _runtime(args)
 
 
+def _requests(args: argparse.Namespace, default: int) -> int:
+    """``--requests``, or the suite's default; at least 1."""
+    requests = default if args.requests is None else int(args.requests)
+    if requests < 1:
+        raise CliError(f"--requests must be at least 1, got {requests}")
+    return requests
+
+
 def _done(args: argparse.Namespace, report: dict[str, Any], table: str) -> int:
     """Print the table; write the report as JSON when asked."""
     print(table)
@@ -89,11 +97,10 @@ def _hybrid(args: argparse.Namespace) -> int:
 def _offload(args: argparse.Namespace) -> int:
     from edge_agent.bench.offload import format_offload, run_offload
 
-    requests = 1000 if args.requests is None else args.requests
-    if requests < 1:
-        raise CliError(f"--requests must be at least 1, got {requests}")
     profile, _ = resolve_profile(args)
-    report = run_offload(profile, args.model_dir or default_model_dir(), requests=requests)
+    report = run_offload(
+        profile, args.model_dir or default_model_dir(), requests=_requests(args, 1000)
+    )
     return _done(args, report, format_offload(report))
 
 
@@ -108,7 +115,7 @@ def _mqtt(args: argparse.Namespace) -> int:
     from edge_agent.bench.mqtt import format_mqtt, run_mqtt
 
     report = run_mqtt(
-        args.model_dir or default_model_dir(), messages=args.messages, requests=args.requests or 300
+        args.model_dir or default_model_dir(), messages=args.messages, requests=_requests(args, 300)
     )
     return _done(args, report, format_mqtt(report))
 
@@ -117,7 +124,7 @@ def _service(args: argparse.Namespace) -> int:
     from edge_agent.bench.service import ServiceSettings, format_service, run_service
 
     settings = ServiceSettings(
-        requests=args.requests or 300, soak_s=args.soak_s, starts=args.starts
+        requests=_requests(args, 300), soak_s=args.soak_s, starts=args.starts
     )
     report = run_service(args.model_dir or default_model_dir(), settings)
     return _done(args, report, format_service(report))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -94,12 +95,14 @@ class ThermalController:
         interval_s: float = 5.0,
         hysteresis_c: float = 5.0,
         home_mode: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``apply_power_mode(name)`` puts the device into a mode (default: plan and
         apply it under ``root``); ``set_precision`` tells the agent which precision to
         prefer (``None``: the profile's own order; default: nothing to tell, the
         choice is only recorded). ``home_mode`` is the mode to start at and return
-        to (default: the profile's default mode).
+        to (default: the profile's default mode). ``clock`` times the load's
+        sampling (read at most once a second).
 
         Raises:
             ValueError: ``interval_s`` is not above 0 or ``hysteresis_c`` is negative.
@@ -111,7 +114,7 @@ class ThermalController:
             raise ValueError(f"hysteresis_c: expected degrees Celsius >= 0, got {hysteresis_c}")
         self.profile = profile
         self.root = Path(root)
-        self._cpu_load = Sampled(lambda: read_cpu_load(self.root))
+        self._cpu_load = Sampled(lambda: read_cpu_load(self.root), clock=clock)
         self.interval_s = interval_s
         self.hysteresis_c = hysteresis_c
         self._apply = apply_power_mode or self._apply_plan
