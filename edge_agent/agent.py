@@ -373,6 +373,9 @@ class Agent:
         with self._lock:
             self._packages[model] = fresh.package
             self._local[model] = fresh
+            for key in list(self._best):  # a copy: requests may add to it meanwhile
+                if key[0] == model and key[1] != fresh.package.version:
+                    self._best.pop(key, None)  # a version no longer served
         log.info("now serving %s (%s)", fresh.package.qualified_name, fresh.variant.id)
 
     @property

@@ -443,3 +443,21 @@ def test_only_the_clouds_answers_are_kept_to_stand_in_for_it(fetched: ModelRepos
     assert agent.infer("face-detection-short-range", {"input": picture}).where == "device"
     assert len(agent.cache._data) == 0
     agent.close()
+
+
+def test_the_remembered_variant_follows_precision_and_version() -> None:
+    from dataclasses import replace
+
+    agent = local_agent()
+    try:
+        x = {"pixels": low_and_high_confidence()[1]}
+        assert agent.infer("digits-light", x).variant == "onnx-int8"  # generic: INT8 first
+        agent.prefer_precision("fp32")
+        assert agent.infer("digits-light", x).variant == "onnx-fp32"
+        # a new version swapped in: the old version's rankings are forgotten
+        served = agent.local_model("digits-light").package
+        agent.reload("digits-light", replace(served, version=served.version + 1))
+        assert agent.infer("digits-light", x).version == served.version + 1
+        assert {key[1] for key in agent._best if key[0] == "digits-light"} == {served.version + 1}
+    finally:
+        agent.close()

@@ -159,8 +159,8 @@ class ThermalController:
     def state(self) -> DeviceState:
         """The device's state for the policy (asked for on every request): the
         temperatures of the last step (read now only before the first one), the
-        load (read at most once a second), and ``throttled`` and ``critical`` from the controller's
-        level (with its hysteresis)."""
+        load (read at most once a second), and ``throttled`` and ``critical``
+        from the controller's level (with its hysteresis)."""
         level = self.level
         temperatures = self.temperatures
         if not temperatures:
