@@ -109,14 +109,16 @@ def bench_agent(
     *,
     escalate: bool,
     cooldown_s: float = 60.0,
+    on_device: tuple[str, ...] = (),
 ) -> Agent:
     """An agent with the default policy, offloading over gRPC to ``address`` (none:
-    local only); ``escalate=False`` keeps ``digits-light`` on the device."""
+    local only); ``escalate=False`` keeps ``digits-light`` on the device, and so
+    does ``on_device`` for the models it names."""
     rules = load_policy(DEFAULT_POLICY)
-    if not escalate:
-        rules = replace(
-            rules, models={**rules.models, "digits-light": ModelRule(placement="device")}
-        )
+    kept = on_device if escalate else (*on_device, "digits-light")
+    if kept:
+        device = ModelRule(placement="device")
+        rules = replace(rules, models={**rules.models, **dict.fromkeys(kept, device)})
     offload = None
     if address is not None:
         offload = OffloadClient(

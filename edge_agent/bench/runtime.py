@@ -14,7 +14,7 @@ import logging
 import multiprocessing
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -254,17 +254,13 @@ def run_agent_path(
     privacy inspection, which runs only when a request is to leave the device,
     is not on this path.
     """
-    from edge_agent.agent import DEFAULT_POLICY, Agent
-    from edge_agent.policy import ModelRule, load_policy
-    from edge_agent.profiles.state import DeviceState
+    from edge_agent.agent import DEFAULT_POLICY
+    from edge_agent.bench.hybrid import bench_agent
+    from edge_agent.policy import load_policy
 
-    rules = load_policy(DEFAULT_POLICY)
-    placement = rules.rule(model).placement
-    if placement == "cloud":
-        rules = replace(rules, models={**rules.models, model: ModelRule(placement="device")})
-    agent = Agent(
-        profile=profile, repository=repository, rules=rules, device_state=lambda: DeviceState()
-    )
+    placement = load_policy(DEFAULT_POLICY).rule(model).placement
+    kept = (model,) if placement == "cloud" else ()
+    agent = bench_agent(profile, repository, None, "", escalate=True, on_device=kept)
     try:
         local = agent.local_model(model)
         single = _answered_locally(agent, model, local.package, local.session)
