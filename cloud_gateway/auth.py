@@ -32,8 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cloud_gateway.errors import RateLimited, Unauthenticated
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError, RateLimited, Unauthenticated
 
 __all__ = [
     "Device",

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from cloud_gateway.config import BatchingConfig
-from cloud_gateway.errors import DeadlineExceeded, Unavailable
+from cloud_gateway.config import BatchingSettings
+from edge_core.errors import DeadlineExceeded, Unavailable
 
 __all__ = ["DynamicBatcher", "Plan", "Queued", "plan_batch"]
 
@@ -55,7 +55,7 @@ class Plan:
     wake_at: float | None = None  # when to plan again if nothing changes
 
 
-def plan_batch(queue: Sequence[Queued], now: float, config: BatchingConfig) -> Plan:
+def plan_batch(queue: Sequence[Queued], now: float, config: BatchingSettings) -> Plan:
     """Decide what to run now, what has expired and when to look again. Pure."""
     expired = [i for i, q in enumerate(queue) if q.deadline is not None and q.deadline <= now]
     gone = set(expired)
@@ -110,7 +110,7 @@ class DynamicBatcher:
     def __init__(
         self,
         runner: Runner,
-        config: BatchingConfig,
+        config: BatchingSettings,
         executor: Executor,
         *,
         name: str = "",

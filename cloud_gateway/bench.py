@@ -41,13 +41,13 @@ import numpy as np
 
 from cloud_gateway import cpus
 from cloud_gateway.auth import DeviceRegistry
-from cloud_gateway.config import BatchingConfig, GatewayConfig
+from cloud_gateway.config import BatchingSettings, GatewayConfig
 from cloud_gateway.repository import Backend, EmbeddedBackend, LoadedModel
 from cloud_gateway.server import GatewayThread
-from edge_agent.bench.report import machine_info, render_table, write_json
-from edge_agent.package import ModelPackage, ModelRepository
-from edge_agent.paths import default_model_dir
-from edge_agent.runtime import RuntimeOptions, open_variant
+from edge_core.package import ModelPackage, ModelRepository
+from edge_core.paths import default_model_dir
+from edge_core.report import machine_info, render_table, write_json
+from edge_core.runtime import RuntimeOptions, open_variant
 
 __all__ = ["run_from_args"]
 
@@ -196,7 +196,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         (state / "repo").mkdir()
         (state / "repo" / package.name).symlink_to(package.root.parent)
         token = DeviceRegistry(base.devices_file).add("bench", "bench")
-        batching_on = BatchingConfig(
+        batching_on = BatchingSettings(
             max_batch_size=args.max_batch, max_queue_delay_us=args.delay_us
         )
         setups: list[tuple[str, bool, Backend]] = [

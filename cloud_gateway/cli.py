@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry
-from cloud_gateway.config import GatewayConfig, MqttBridgeConfig, load_config
-from edge_agent.cli import run_command
-from edge_agent.errors import EdgeError
+from cloud_gateway.config import GatewayConfig, MqttBridgeSettings, Overrides, load_config
+from edge_core.cli import run_command
+from edge_core.errors import EdgeError
 
 __all__ = ["main"]
 
@@ -44,17 +44,21 @@ log = logging.getLogger(PROG)
 def _config(args: argparse.Namespace) -> GatewayConfig:
     return load_config(
         args.config,
-        repository=getattr(args, "repository", None),
-        state_dir=args.state_dir,
-        host=getattr(args, "host", None),
-        http_port=getattr(args, "http_port", None),
-        grpc_port=getattr(args, "grpc_port", None),
+        Overrides(
+            repository=getattr(args, "repository", None),
+            state_dir=args.state_dir,
+            host=getattr(args, "host", None),
+            http_port=getattr(args, "http_port", None),
+            grpc_port=getattr(args, "grpc_port", None),
+        ),
     )
 
 
 def _registry(args: argparse.Namespace) -> DeviceRegistry:
     if args.config is not None:
-        return DeviceRegistry(load_config(args.config, repository=Path(".")).devices_file)
+        return DeviceRegistry(
+            load_config(args.config, Overrides(repository=Path("."))).devices_file
+        )
     return DeviceRegistry(
         (args.state_dir or GatewayConfig(repository=Path(".")).state_dir) / "devices.json"
     )
@@ -70,7 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _state_dir(args: argparse.Namespace) -> Path:
     if args.config is not None:
-        return load_config(args.config, repository=Path(".")).state_dir
+        return load_config(args.config, Overrides(repository=Path("."))).state_dir
     return Path(args.state_dir or GatewayConfig(repository=Path(".")).state_dir)
 
 
@@ -78,7 +82,7 @@ def _ota_dir(args: argparse.Namespace) -> Path | None:
     if getattr(args, "repository", None) is not None:
         return Path(args.repository)
     if args.config is not None:
-        return load_config(args.config, repository=Path(".")).ota_repository
+        return load_config(args.config, Overrides(repository=Path("."))).ota_repository
     return None
 
 
@@ -220,11 +224,11 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
     from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
 
     if args.config is not None:
-        config = load_config(args.config, repository=Path("."))
+        config = load_config(args.config, Overrides(repository=Path(".")))
     else:
         config = GatewayConfig(repository=Path("."), state_dir=_state_dir(args))
     user = args.gateway_user or (config.mqtt.username if config.mqtt else None)
-    user = user or MqttBridgeConfig().username
+    user = str(user or MqttBridgeSettings().username)
     password = ensure_gateway_password(config.mqtt_password_file)
     try:
         files = write_broker_files(

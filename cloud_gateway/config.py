@@ -45,6 +45,7 @@ A TOML file (every field optional; command-line flags override it)::
     port = 1883
     username = "_gateway"            # `cloud-gateway mqtt acl` writes it into the broker's files
     password_file = "gateway-state/mqtt-gateway.password"   # default: in state_dir (0600)
+    keepalive = 30
     announce_interval_s = 2.0        # how often rollouts are checked for changes to announce
     [mqtt.tls]
     ca = "ca.pem"                    # and cert/key for a client certificate
@@ -55,23 +56,23 @@ A wrong field fails at start with the file, the field and what was expected.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as fields_of
 from pathlib import Path
-from typing import Any
 
 from cloud_gateway import cpus
-from edge_agent.config import read_tls
-from edge_agent.errors import ConfigError
-from edge_agent.fields import Fields, load_document
-from edge_agent.offload.base import TLSSettings
-from edge_agent.package import FORMATS, PRECISIONS
-from edge_agent.runtime import RuntimeOptions
+from edge_core.errors import ConfigError
+from edge_core.fields import Fields, load_document
+from edge_core.mqtt import MqttSettings, read_mqtt
+from edge_core.package import FORMATS, PRECISIONS
+from edge_core.runtime import RuntimeOptions
 
 __all__ = [
-    "BatchingConfig",
+    "BatchingSettings",
     "GatewayConfig",
-    "MqttBridgeConfig",
-    "RateLimitConfig",
-    "TLSConfig",
+    "MqttBridgeSettings",
+    "Overrides",
+    "RateLimitSettings",
+    "ServerTLSSettings",
     "load_config",
 ]
 
@@ -79,7 +80,7 @@ GATEWAY_MQTT_USER = "_gateway"  # a device id cannot start with "_": no device c
 
 
 @dataclass(frozen=True)
-class BatchingConfig:
+class BatchingSettings:
     enabled: bool = True
     max_batch_size: int = 32
     max_queue_delay_us: int = 0  # 0: no added wait; what arrived during the last run goes together
@@ -87,7 +88,7 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
-class RateLimitConfig:
+class RateLimitSettings:
     requests_per_second: float = 0.0
     burst: int = 0
 
@@ -97,7 +98,7 @@ class RateLimitConfig:
 
 
 @dataclass(frozen=True)
-class TLSConfig:
+class ServerTLSSettings:
     cert: Path
     key: Path
     client_ca: Path | None = None
@@ -105,13 +106,23 @@ class TLSConfig:
 
 
 @dataclass(frozen=True)
-class MqttBridgeConfig:
-    host: str = "127.0.0.1"
-    port: int = 1883
-    username: str = GATEWAY_MQTT_USER
-    password_file: Path | None = None  # default: <state_dir>/mqtt-gateway.password
-    tls: TLSSettings | None = None
+class MqttBridgeSettings(MqttSettings):
+    """The broker as the agent's ``[mqtt]`` has it, with the gateway's own defaults
+    (``password_file``: ``<state_dir>/mqtt-gateway.password``) and its announcements."""
+
+    username: str | None = GATEWAY_MQTT_USER
     announce_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line sets over the file (``None``: the file's value)."""
+
+    repository: Path | None = None
+    state_dir: Path | None = None
+    host: str | None = None
+    http_port: int | None = None
+    grpc_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -131,13 +142,13 @@ class GatewayConfig:
     )
     precisions: tuple[str, ...] = ("fp32", "int8", "fp16")
     formats: tuple[str, ...] = ("onnx", "tflite")
-    tls: TLSConfig | None = None
-    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-    model_batching: dict[str, BatchingConfig] = field(default_factory=dict)
+    tls: ServerTLSSettings | None = None
+    rate_limit: RateLimitSettings = field(default_factory=RateLimitSettings)
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
+    model_batching: dict[str, BatchingSettings] = field(default_factory=dict)
     metrics_public: bool = False
     ota_repository: Path | None = None
-    mqtt: MqttBridgeConfig | None = None
+    mqtt: MqttBridgeSettings | None = None
     source: Path | None = None
 
     @property
@@ -151,16 +162,17 @@ class GatewayConfig:
             return self.mqtt.password_file
         return self.state_dir / "mqtt-gateway.password"
 
-    def batching_for(self, model: str) -> BatchingConfig:
+    def batching_for(self, model: str) -> BatchingSettings:
         return self.model_batching.get(model, self.batching)
 
-    def with_overrides(self, **overrides: Any) -> GatewayConfig:
-        """A copy with the given fields replaced (``None`` values are ignored)."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+    def overridden(self, overrides: Overrides) -> GatewayConfig:
+        """A copy with the fields ``overrides`` sets replaced."""
+        changes = {f.name: getattr(overrides, f.name) for f in fields_of(overrides)}
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def _batching(fields: Fields, base: BatchingConfig) -> BatchingConfig:
-    config = BatchingConfig(
+def _batching(fields: Fields, base: BatchingSettings) -> BatchingSettings:
+    config = BatchingSettings(
         enabled=fields.boolean("enabled", base.enabled),
         max_batch_size=fields.integer("max_batch_size", base.max_batch_size, minimum=1),
         max_queue_delay_us=fields.integer("max_queue_delay_us", base.max_queue_delay_us, minimum=0),
@@ -178,21 +190,21 @@ def _batching(fields: Fields, base: BatchingConfig) -> BatchingConfig:
     return config
 
 
-def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
-    """The configuration in ``path`` (or the defaults when ``None``).
-
-    ``defaults`` are command-line values: those that are not ``None`` override
-    the file.
+def load_config(path: Path | None, overrides: Overrides | None = None) -> GatewayConfig:
+    """The configuration in ``path`` (or the defaults when ``None``), with the
+    command line's ``overrides`` over it.
 
     Raises:
-        ConfigError: the file is missing or malformed, or a field is wrong.
+        ConfigError: the file is missing or malformed, a field is wrong, or
+            no model repository is given.
     """
+    overrides = overrides or Overrides()
     if path is None:
-        if "repository" not in defaults or defaults["repository"] is None:
+        if overrides.repository is None:
             raise ConfigError("no model repository given (--repository DIR or a config file)")
-        return GatewayConfig(**{k: v for k, v in defaults.items() if v is not None})
+        return GatewayConfig(repository=overrides.repository).overridden(overrides)
     fields = Fields(load_document(path), path=path)
-    base = path.parent
+    base = path.parent.absolute()
 
     def resolve(value: str) -> Path:
         candidate = Path(value)
@@ -200,7 +212,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
 
     default = GatewayConfig(repository=Path("."))
     repository = fields.string("repository", None)
-    if repository is None and defaults.get("repository") is None:
+    if repository is None and overrides.repository is None:
         raise fields.fail("repository", "missing (required, or give --repository)")
     runtime = default.runtime
     threads = fields.integer("threads", runtime.threads, minimum=1)
@@ -218,7 +230,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
     tls = None
     if fields.has("tls"):
         client_ca = tls_fields.string("client_ca", None)
-        tls = TLSConfig(
+        tls = ServerTLSSettings(
             cert=resolve(tls_fields.string("cert")),
             key=resolve(tls_fields.string("key")),
             client_ca=resolve(client_ca) if client_ca else None,
@@ -228,7 +240,7 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
             raise tls_fields.fail("client_ca", "required when require_client_cert is true")
         tls_fields.done()
     rate = fields.table("rate_limit", None)
-    rate_limit = RateLimitConfig(
+    rate_limit = RateLimitSettings(
         requests_per_second=rate.number("requests_per_second", 0.0, minimum=0.0),
         burst=rate.integer("burst", 0, minimum=0),
     )
@@ -248,18 +260,16 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
     mqtt = None
     if fields.has("mqtt"):
         m = fields.table("mqtt")
-        password_file = m.string("password_file", None)
-        mqtt = MqttBridgeConfig(
-            host=m.string("host", "127.0.0.1"),
-            port=m.integer("port", 1883, minimum=1, maximum=65535),
-            username=m.string("username", GATEWAY_MQTT_USER),
-            password_file=resolve(password_file) if password_file else None,
-            tls=read_tls(m, resolve),
-            announce_interval_s=m.number("announce_interval_s", 2.0, minimum=0.1),
+        shared = read_mqtt(m, resolve, username=GATEWAY_MQTT_USER)
+        mqtt = MqttBridgeSettings(
+            **{f.name: getattr(shared, f.name) for f in fields_of(shared)},
+            announce_interval_s=m.number(
+                "announce_interval_s", MqttBridgeSettings.announce_interval_s, minimum=0.1
+            ),
         )
         m.done()
     config = GatewayConfig(
-        repository=resolve(repository) if repository else defaults["repository"],
+        repository=resolve(repository) if repository else Path("."),
         state_dir=resolve(fields.string("state_dir", str(default.state_dir))),
         host=fields.string("host", default.host),
         http_port=fields.integer("http_port", default.http_port, minimum=0),
@@ -283,4 +293,4 @@ def load_config(path: Path | None, **defaults: Any) -> GatewayConfig:
         source=path,
     )
     fields.done()
-    return config.with_overrides(**defaults)
+    return config.overridden(overrides)

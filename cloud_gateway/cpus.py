@@ -17,7 +17,7 @@ import contextlib
 import os
 from collections.abc import Collection, Iterator
 
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError
 
 __all__ = ["available", "check", "others", "pin", "pinned"]
 

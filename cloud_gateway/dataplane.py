@@ -26,11 +26,12 @@ from cloud_gateway import cpus
 from cloud_gateway.auth import Device, DeviceRegistry, RateLimiter
 from cloud_gateway.batching import DynamicBatcher
 from cloud_gateway.config import GatewayConfig
-from cloud_gateway.errors import BadRequest, DeadlineExceeded, PermissionDenied, status_of
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.repository import LoadedModel, ServingRepository
-from edge_agent.protocol.types import InferRequest, InferResponse
-from edge_agent.tensors import format_shape
+from edge_core.errors import BadRequest, DeadlineExceeded, PermissionDenied
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.status import status_of
+from edge_core.tensors import format_shape
 
 __all__ = ["SERVER_NAME", "DataPlane"]
 
@@ -271,7 +272,7 @@ class DataPlane:
         sends the id its application gave it): failures are logged with it.
 
         Raises:
-            GatewayError or EdgeError: mapped to a status by the front end.
+            RequestError or EdgeError: mapped to a status by the front end.
         """
         started = self._clock()
         model_label = request.model_name

@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from edge_agent.protocol.rest import encode_infer_request
-from edge_agent.protocol.types import InferRequest
+from edge_core.protocol.rest import encode_infer_request
+from edge_core.protocol.types import InferRequest
 
 Send = Callable[[], Awaitable[None]]
 
@@ -58,7 +58,7 @@ async def _grpc_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
     import grpc
     from tritonclient.grpc import service_pb2 as pb
 
-    from edge_agent.protocol.grpc import request_to_proto
+    from edge_core.protocol.grpc import request_to_proto
 
     body = request_to_proto(_request(args, x)).SerializeToString()
     channel = grpc.aio.insecure_channel(args.url)

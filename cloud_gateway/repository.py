@@ -23,12 +23,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cloud_gateway.errors import NotFound, Unavailable
-from edge_agent.errors import EdgeError, PackageError
-from edge_agent.fields import is_decimal
-from edge_agent.package import MANIFEST, ModelPackage, load_package
-from edge_agent.runtime import RuntimeOptions, open_best, open_variant
-from edge_agent.tensors import TensorSpec
+from edge_core.errors import EdgeError, NotFound, PackageError, Unavailable
+from edge_core.fields import is_decimal
+from edge_core.package import MANIFEST, ModelPackage, load_package
+from edge_core.runtime import RuntimeOptions, open_best, open_variant
+from edge_core.tensors import TensorSpec
 
 __all__ = ["Backend", "EmbeddedBackend", "LoadedModel", "ServingRepository", "fingerprint"]
 
@@ -64,7 +63,7 @@ class Backend(Protocol):
 
 
 class EmbeddedBackend:
-    """Runs models in this process through :mod:`edge_agent.runtime`."""
+    """Runs models in this process through :mod:`edge_core.runtime`."""
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ from cloud_gateway.ota.rollouts import RolloutStore
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
 from cloud_gateway.rest.app import create_app
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError
 
 __all__ = ["Gateway", "GatewayThread"]
 

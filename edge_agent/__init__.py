@@ -3,7 +3,8 @@
 The public API is what ``__all__`` lists; everything else is internal.
 """
 
-from edge_agent.errors import (
+from edge_agent.profiles import DeviceProfile, ProfileStore, detect_profile
+from edge_core.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigError,
@@ -16,10 +17,9 @@ from edge_agent.errors import (
     PackageError,
     ProfileError,
 )
-from edge_agent.package import ModelPackage, ModelRepository, Variant, load_package
-from edge_agent.profiles import DeviceProfile, ProfileStore, detect_profile
-from edge_agent.runtime import RuntimeOptions, Session, open_best, open_model, open_variant
-from edge_agent.tensors import TensorSpec
+from edge_core.package import ModelPackage, ModelRepository, Variant, load_package
+from edge_core.runtime import RuntimeOptions, Session, open_best, open_model, open_variant
+from edge_core.tensors import TensorSpec
 
 __version__ = "0.1.0"
 

@@ -12,17 +12,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from edge_agent.agent import DEFAULT_POLICY, Agent, LayeredSource, ModelSource
+from edge_agent import profiles
+from edge_agent.agent import DEFAULT_POLICY, Agent, LayeredSource, ModelSource, OtaSource
 from edge_agent.config import AgentConfig
-from edge_agent.errors import ConfigError, EdgeError, ModelNotFoundError
-from edge_agent.package import ModelPackage, ModelRepository
-from edge_agent.paths import default_profiles_dir
 from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
+from edge_core.errors import ConfigError, EdgeError, ModelNotFoundError
+from edge_core.package import ModelRepository
 
 __all__ = [
-    "OtaSource",
     "create_agent",
     "create_connection",
     "create_fleet_link",
@@ -33,32 +32,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class OtaSource:
-    """The models installed over the air: each one's active slot, decrypted into memory."""
-
-    def __init__(self, store: Any, group: str, group_key: bytes) -> None:
-        self.store = store
-        self.group = group
-        self.group_key = group_key
-
-    def get(self, name: str) -> ModelPackage:
-        if self.store.active(name) is None:
-            raise ModelNotFoundError(f"no update of {name!r} is installed")
-        package: ModelPackage = self.store.package(name, self.group, self.group_key)
-        return package
-
-
 def resolve_profile(config: AgentConfig) -> DeviceProfile:
-    from edge_agent.profiles import ProfileStore, detect_profile
-
-    store = ProfileStore(default_profiles_dir())
-    if config.profile:
-        return store.get(config.profile)
-    return detect_profile(list(store), config.root).profile
+    """The profile ``config`` names, else the one detected under its root."""
+    return profiles.resolve_profile(
+        config.profile, root=config.root, profiles_dir=config.profiles_dir
+    )[0]
 
 
 def _enrollment(config: AgentConfig) -> Any:
-    if config.ota is None:
+    if config.ota is None or config.ota.bundle is None:
         return None
     from edge_agent.ota import load_bundle
 
@@ -233,29 +215,19 @@ def create_updater(
     Raises:
         ConfigError: the configuration has no ``[ota]`` section, or its bundle is wrong.
     """
-    from edge_agent.ota import OtaStore, OtaUpdater, UpdateSettings
+    from edge_agent.ota import OtaStore, OtaUpdater
 
-    if config.ota is None:
-        raise ConfigError("no [ota] section in the configuration", path=config.source)
     enrollment = _enrollment(config)
-    url = config.ota.url or enrollment.gateway
-    if not url:
-        raise ConfigError(
-            "the gateway's URL: set ota.url (the bundle has none)", path=config.source
+    if config.ota is None or enrollment is None:
+        raise ConfigError("no [ota] section in the configuration", path=config.source)
+    try:
+        return OtaUpdater(
+            config.ota,
+            enrollment,
+            profile,
+            store=OtaStore(config.ota.state_dir / "ota"),
+            on_installed=(agent.reload if agent is not None else lambda name, package: None),
+            on_progress=on_progress,
         )
-    settings = UpdateSettings(
-        url=url,
-        state_dir=config.ota.state_dir,
-        interval_s=config.ota.interval_s,
-        jitter_s=config.ota.jitter_s,
-        expiry_slack_s=config.ota.expiry_slack_s,
-        bandwidth=config.ota.bandwidth or None,
-    )
-    return OtaUpdater(
-        settings,
-        enrollment,
-        profile,
-        store=OtaStore(config.ota.state_dir / "ota"),
-        on_installed=(agent.reload if agent is not None else lambda name, package: None),
-        on_progress=on_progress,
-    )
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, path=config.source) from None

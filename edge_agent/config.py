@@ -5,8 +5,9 @@ the sample models, local only)::
 
     device_id = "cam-01"
     profile = "raspberry-pi-5"      # default: detected
+    profiles_dir = "profiles"       # device profiles (default: the bundled ones)
     root = "/"                      # filesystem root for detection and temperatures
-    model_dir = "models"            # relative paths are relative to this file
+    model_dir = "models"            # relative paths are relative to this file's folder
     policy = "policy.toml"          # default: the built-in policy
     deadline_ms = 1000              # a request's deadline unless it brings its own
     cache_entries = 256             # answers kept for the cached fallback tier
@@ -39,6 +40,8 @@ the sample models, local only)::
     jitter_s = 300
     expiry_slack_s = 0              # accept metadata expired this long ago (no real-time clock)
     bandwidth = 0                   # bytes/s for downloads (0: no cap)
+    attempts = 4                    # download attempts per check (each resumes the last)
+    timeout_s = 30                  # per read of a download
 
     [mqtt]                          # the fleet's broker: telemetry, announcements, offload
     host = "broker.example"
@@ -77,27 +80,29 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edge_agent.fields import Fields, load_document
-from edge_agent.mqtt import MqttSettings
-from edge_agent.offload.base import TLSSettings
-from edge_agent.paths import default_model_dir
+from edge_core.fields import Fields, load_document
+from edge_core.mqtt import MqttSettings, read_mqtt
+from edge_core.paths import default_model_dir
+from edge_core.tls import TLSSettings, read_tls
 
 __all__ = [
     "AgentConfig",
     "ApiSettings",
-    "BreakerConfig",
+    "BreakerSettings",
     "GatewaySettings",
     "LoggingSettings",
     "OtaSettings",
     "TelemetrySettings",
     "ThermalSettings",
     "load_agent_config",
-    "read_tls",
 ]
+
+# Settings: one table of the file (a frozen dataclass whose defaults are the
+# documented ones, read from here by the loader); Config: the whole file.
 
 STATE_DIR = Path("/var/lib/edge-agent")
 
@@ -113,13 +118,29 @@ class GatewaySettings:
 
 @dataclass(frozen=True)
 class OtaSettings:
-    bundle: Path
+    """How the updater reaches the gateway and paces itself.
+
+    Attributes:
+        bundle: the enrollment bundle (``cloud-gateway device add``).
+        state_dir: where slots, partial downloads and trusted metadata live.
+        url: the gateway's REST base URL (``None``: the bundle's).
+        interval_s, jitter_s: the periodic check (a random 0..jitter is added).
+        expiry_slack_s: accept metadata this long past its expiry (devices
+            without a real-time clock boot into the past or the future).
+        bandwidth: bytes per second for blob downloads (0: no cap).
+        attempts: download attempts (each resumes where the last stopped).
+        timeout_s: per read.
+    """
+
     state_dir: Path
+    bundle: Path | None = None
     url: str | None = None
     interval_s: float = 3600.0
     jitter_s: float = 300.0
     expiry_slack_s: float = 0.0
     bandwidth: int = 0
+    attempts: int = 4
+    timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -153,7 +174,7 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
-class BreakerConfig:
+class BreakerSettings:
     failures: int = 3
     cooldown_s: float = 5.0
 
@@ -162,13 +183,14 @@ class BreakerConfig:
 class AgentConfig:
     device_id: str = "edge-device"
     profile: str | None = None
+    profiles_dir: Path | None = None
     root: Path = Path("/")
     model_dir: Path = field(default_factory=default_model_dir)
     policy: Path | None = None
     deadline_ms: float = 1000.0
     cache_entries: int = 256
     gateway: GatewaySettings | None = None
-    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
     face_detector: bool = True
     ota: OtaSettings | None = None
     state_dir: Path = STATE_DIR
@@ -198,25 +220,12 @@ def _read_secret(path: Path, fields: Fields, name: str) -> str:
     return secret
 
 
-def read_tls(fields: Fields, resolve: Callable[[str], Path]) -> TLSSettings | None:
-    """The ``tls`` table of ``fields`` (``None`` when absent)."""
-    if not fields.has("tls"):
-        return None
-    t = fields.table("tls")
-    tls = TLSSettings(
-        ca=resolve(t.string("ca")) if t.has("ca") else None,
-        cert=resolve(t.string("cert")) if t.has("cert") else None,
-        key=resolve(t.string("key")) if t.has("key") else None,
-        server_name=t.string("server_name", None),
-    )
-    if (tls.cert is None) != (tls.key is None):
-        raise t.fail("cert", "cert and key go together")
-    t.done()
-    return tls
-
-
 def load_agent_config(path: Path | None) -> AgentConfig:
     """The configuration in ``path`` (the defaults when ``None``).
+
+    Every relative path in the file is taken relative to the file's folder,
+    once (whatever the current directory; a path the file does not give is
+    absolute or built from one that was resolved).
 
     Raises:
         ConfigError: the file is missing or malformed, or a field is wrong.
@@ -224,7 +233,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     if path is None:
         return AgentConfig()
     fields = Fields(load_document(path), path=path)
-    base = path.parent
+    base = path.parent.absolute()
 
     def resolve(value: str) -> Path:
         candidate = Path(value).expanduser()
@@ -232,90 +241,26 @@ def load_agent_config(path: Path | None) -> AgentConfig:
 
     defaults = AgentConfig()
     model_dir = fields.string("model_dir", None)
+    profiles_dir = fields.string("profiles_dir", None)
     policy = fields.string("policy", None)
-    gateway = None
-    if fields.has("gateway"):
-        g = fields.table("gateway")
-        token = g.string("token", None)
-        token_file = g.string("token_file", None)
-        if token is not None and token_file is not None:
-            raise g.fail("token", "give token or token_file, not both")
-        if token_file is not None:
-            token = _read_secret(resolve(token_file), g, "token_file")
-        protocol = g.string("protocol", "grpc", choices=["grpc", "http", "mqtt"])
-        if protocol == "mqtt" and not fields.has("mqtt"):
-            raise g.fail("protocol", "mqtt needs an [mqtt] section (the broker)")
-        gateway = GatewaySettings(
-            address=g.string("address", "" if protocol == "mqtt" else None),
-            protocol=protocol,
-            token=token,
-            retries=g.integer("retries", 2, minimum=0),
-            tls=read_tls(g, resolve),
-        )
-        g.done()
-    b = fields.table("breaker", None)
-    breaker = BreakerConfig(
-        failures=b.integer("failures", 3, minimum=1),
-        cooldown_s=b.number("cooldown_s", 5.0, minimum=0.0),
-    )
-    b.done()
-    p = fields.table("privacy", None)
-    face_detector = p.boolean("face_detector", True)
-    p.done()
-    state_dir = resolve(fields.string("state_dir", str(STATE_DIR)))
-    ota = None
-    if fields.has("ota"):
-        o = fields.table("ota")
-        ota = OtaSettings(
-            bundle=resolve(o.string("bundle")),
-            state_dir=resolve(o.string("state_dir", str(state_dir))),
-            url=o.string("url", None),
-            interval_s=o.number("interval_s", 3600.0, minimum=1.0),
-            jitter_s=o.number("jitter_s", 300.0, minimum=0.0),
-            expiry_slack_s=o.number("expiry_slack_s", 0.0, minimum=0.0),
-            bandwidth=o.integer("bandwidth", 0, minimum=0),
-        )
-        o.done()
-    mqtt = None
-    if fields.has("mqtt"):
-        m = fields.table("mqtt")
-        password_file = m.string("password_file", None)
-        mqtt = MqttSettings(
-            host=m.string("host", "127.0.0.1"),
-            port=m.integer("port", 1883, minimum=1, maximum=65535),
-            username=m.string("username", None),
-            password=_read_secret(resolve(password_file), m, "password_file")
-            if password_file
-            else None,
-            tls=read_tls(m, resolve),
-            keepalive=m.integer("keepalive", 30, minimum=5),
-        )
-        m.done()
-    t = fields.table("telemetry", None)
-    telemetry = None
-    if t.boolean("enabled", mqtt is not None):
-        if mqtt is None:
-            raise t.fail("enabled", "telemetry needs an [mqtt] section (the broker)")
-        telemetry = TelemetrySettings(
-            interval_s=t.number("interval_s", 30.0, minimum=0.1),
-            max_messages=t.integer("max_messages", 10_000, minimum=1),
-        )
-    t.done()
+    state_dir = resolve(fields.string("state_dir", str(defaults.state_dir)))
+    mqtt = _mqtt(fields, resolve)
     config = AgentConfig(
         device_id=fields.string("device_id", defaults.device_id),
         profile=fields.string("profile", None),
-        root=resolve(fields.string("root", "/")),
+        profiles_dir=resolve(profiles_dir) if profiles_dir else None,
+        root=resolve(fields.string("root", str(defaults.root))),
         model_dir=resolve(model_dir) if model_dir else defaults.model_dir,
         policy=resolve(policy) if policy else None,
         deadline_ms=fields.number("deadline_ms", defaults.deadline_ms, minimum=1.0),
         cache_entries=fields.integer("cache_entries", defaults.cache_entries, minimum=0),
-        gateway=gateway,
-        breaker=breaker,
-        face_detector=face_detector,
-        ota=ota,
+        gateway=_gateway(fields, resolve),
+        breaker=_breaker(fields.table("breaker", None)),
+        face_detector=_privacy(fields.table("privacy", None)),
+        ota=_ota(fields, resolve, state_dir),
         state_dir=state_dir,
         mqtt=mqtt,
-        telemetry=telemetry,
+        telemetry=_telemetry(fields.table("telemetry", None), mqtt),
         api=_api(fields.table("api", None), resolve),
         thermal=_thermal(fields.table("thermal", None)),
         logging=_logging(fields.table("logging", None)),
@@ -325,19 +270,107 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     return config
 
 
+def _gateway(fields: Fields, resolve: Callable[[str], Path]) -> GatewaySettings | None:
+    if not fields.has("gateway"):
+        return None
+    g = fields.table("gateway")
+    token = g.string("token", None)
+    token_file = g.string("token_file", None)
+    if token is not None and token_file is not None:
+        raise g.fail("token", "give token or token_file, not both")
+    if token_file is not None:
+        token = _read_secret(resolve(token_file), g, "token_file")
+    protocol = g.string("protocol", GatewaySettings.protocol, choices=["grpc", "http", "mqtt"])
+    if protocol == "mqtt" and not fields.has("mqtt"):
+        raise g.fail("protocol", "mqtt needs an [mqtt] section (the broker)")
+    gateway = GatewaySettings(
+        address=g.string("address", "" if protocol == "mqtt" else None),
+        protocol=protocol,
+        token=token,
+        retries=g.integer("retries", GatewaySettings.retries, minimum=0),
+        tls=read_tls(g, resolve),
+    )
+    g.done()
+    return gateway
+
+
+def _breaker(b: Fields) -> BreakerSettings:
+    defaults = BreakerSettings()
+    breaker = BreakerSettings(
+        failures=b.integer("failures", defaults.failures, minimum=1),
+        cooldown_s=b.number("cooldown_s", defaults.cooldown_s, minimum=0.0),
+    )
+    b.done()
+    return breaker
+
+
+def _privacy(p: Fields) -> bool:
+    face_detector: bool = p.boolean("face_detector", AgentConfig().face_detector)
+    p.done()
+    return face_detector
+
+
+def _ota(fields: Fields, resolve: Callable[[str], Path], state_dir: Path) -> OtaSettings | None:
+    if not fields.has("ota"):
+        return None
+    o = fields.table("ota")
+    own_state = o.string("state_dir", None)
+    defaults = OtaSettings(state_dir=state_dir)
+    ota = OtaSettings(
+        bundle=resolve(o.string("bundle")),
+        state_dir=resolve(own_state) if own_state else state_dir,
+        url=o.string("url", None),
+        interval_s=o.number("interval_s", defaults.interval_s, minimum=1.0),
+        jitter_s=o.number("jitter_s", defaults.jitter_s, minimum=0.0),
+        expiry_slack_s=o.number("expiry_slack_s", defaults.expiry_slack_s, minimum=0.0),
+        bandwidth=o.integer("bandwidth", defaults.bandwidth, minimum=0),
+        attempts=o.integer("attempts", defaults.attempts, minimum=1),
+        timeout_s=o.number("timeout_s", defaults.timeout_s, minimum=0.1),
+    )
+    o.done()
+    return ota
+
+
+def _mqtt(fields: Fields, resolve: Callable[[str], Path]) -> MqttSettings | None:
+    if not fields.has("mqtt"):
+        return None
+    m = fields.table("mqtt")
+    mqtt = read_mqtt(m, resolve)
+    m.done()
+    if mqtt.password_file is not None:
+        password = _read_secret(mqtt.password_file, m, "password_file")
+        mqtt = replace(mqtt, password=password)
+    return mqtt
+
+
+def _telemetry(t: Fields, mqtt: MqttSettings | None) -> TelemetrySettings | None:
+    telemetry = None
+    if t.boolean("enabled", mqtt is not None):
+        if mqtt is None:
+            raise t.fail("enabled", "telemetry needs an [mqtt] section (the broker)")
+        defaults = TelemetrySettings()
+        telemetry = TelemetrySettings(
+            interval_s=t.number("interval_s", defaults.interval_s, minimum=0.1),
+            max_messages=t.integer("max_messages", defaults.max_messages, minimum=1),
+        )
+    t.done()
+    return telemetry
+
+
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _api(a: Fields, resolve: Callable[[str], Path]) -> ApiSettings:
+    defaults = ApiSettings()
     socket = a.string("socket", None)
     api = ApiSettings(
-        host=a.string("host", "127.0.0.1"),
-        http_port=a.integer("http_port", 8080, minimum=0, maximum=65535),
-        grpc_port=a.integer("grpc_port", 8081, minimum=0, maximum=65535),
+        host=a.string("host", defaults.host),
+        http_port=a.integer("http_port", defaults.http_port, minimum=0, maximum=65535),
+        grpc_port=a.integer("grpc_port", defaults.grpc_port, minimum=0, maximum=65535),
         socket=resolve(socket) if socket else None,
-        allow_remote=a.boolean("allow_remote", False),
-        drain_s=a.number("drain_s", 10.0, minimum=0.0),
-        max_body_bytes=a.integer("max_body_bytes", 16 * 1024 * 1024, minimum=1024),
+        allow_remote=a.boolean("allow_remote", defaults.allow_remote),
+        drain_s=a.number("drain_s", defaults.drain_s, minimum=0.0),
+        max_body_bytes=a.integer("max_body_bytes", defaults.max_body_bytes, minimum=1024),
     )
     if api.host not in LOOPBACK and not api.allow_remote:
         raise a.fail(
@@ -350,19 +383,21 @@ def _api(a: Fields, resolve: Callable[[str], Path]) -> ApiSettings:
 
 
 def _thermal(t: Fields) -> ThermalSettings:
+    defaults = ThermalSettings()
     thermal = ThermalSettings(
-        enabled=t.boolean("enabled", True),
-        interval_s=t.number("interval_s", 5.0, minimum=0.05),
-        hysteresis_c=t.number("hysteresis_c", 5.0, minimum=0.0),
+        enabled=t.boolean("enabled", defaults.enabled),
+        interval_s=t.number("interval_s", defaults.interval_s, minimum=0.05),
+        hysteresis_c=t.number("hysteresis_c", defaults.hysteresis_c, minimum=0.0),
     )
     t.done()
     return thermal
 
 
 def _logging(g: Fields) -> LoggingSettings:
+    defaults = LoggingSettings()
     settings = LoggingSettings(
-        format=g.string("format", "json", choices=["json", "text"]),
-        level=g.string("level", "info", choices=["debug", "info", "warning", "error"]),
+        format=g.string("format", defaults.format, choices=["json", "text"]),
+        level=g.string("level", defaults.level, choices=["debug", "info", "warning", "error"]),
     )
     g.done()
     return settings

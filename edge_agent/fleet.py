@@ -14,10 +14,10 @@ import json
 import logging
 from typing import Any
 
-from edge_agent.errors import ProtocolError
 from edge_agent.mqtt import MqttConnection
-from edge_agent.protocol.mqtt import announcement_topic
 from edge_agent.telemetry import Telemetry
+from edge_core.errors import ProtocolError
+from edge_core.protocol.mqtt import announcement_topic
 
 __all__ = ["FleetLink"]
 

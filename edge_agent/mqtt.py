@@ -12,102 +12,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
-import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from edge_agent.offload.base import TLSSettings
-from edge_agent.protocol.mqtt import status_topic
+from edge_core.mqtt import MqttSettings, Published, new_client, no_delay, publish
+from edge_core.protocol.mqtt import status_topic
 
-__all__ = [
-    "MqttConnection",
-    "MqttSettings",
-    "new_client",
-    "publish_properties",
-    "user_properties",
-]
+__all__ = ["MqttConnection"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], None]  # gets a paho MQTTMessage
-
-
-@dataclass(frozen=True)
-class MqttSettings:
-    host: str = "127.0.0.1"
-    port: int = 1883
-    username: str | None = None  # default: the device id
-    password: str | None = None  # default: the device's token
-    tls: TLSSettings | None = None
-    keepalive: int = 30
-
-
-def user_properties(message: Any) -> dict[str, str]:
-    """A message's MQTT v5 user properties as a dict."""
-    properties = getattr(message, "properties", None)
-    pairs = getattr(properties, "UserProperty", None) or []
-    return {str(k): str(v) for k, v in pairs}
-
-
-def new_client(
-    client_id: str, username: str | None, password: str | None, tls: TLSSettings | None
-) -> Any:
-    """A paho client (callback API 2, MQTT v5) with its credentials, reconnecting by itself."""
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-    if username or password:
-        client.username_pw_set(username, password)
-    if tls is not None:
-        client.tls_set(
-            ca_certs=str(tls.ca) if tls.ca else None,
-            certfile=str(tls.cert) if tls.cert else None,
-            keyfile=str(tls.key) if tls.key else None,
-            cert_reqs=ssl.CERT_REQUIRED,
-        )
-    client.reconnect_delay_set(min_delay=1, max_delay=4)
-    client.suppress_exceptions = True  # a failing callback is logged; the network thread lives
-    return client
-
-
-def no_delay(client: Any) -> None:
-    """Send small packets at once (TCP_NODELAY): a request or an answer is one small
-    packet, and Nagle's algorithm against a delayed ACK would hold each ~40 ms."""
-    sock = client.socket()
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def publish_properties(
-    *,
-    response_topic: str | None = None,
-    correlation: bytes | None = None,
-    user: dict[str, str] | None = None,
-    expiry_s: int | None = None,
-) -> Any:
-    """The MQTT v5 properties of a PUBLISH (``None`` when there are none)."""
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
-    if not (response_topic or correlation or user or expiry_s):
-        return None
-    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    if response_topic:
-        props.ResponseTopic = response_topic
-    if correlation:
-        props.CorrelationData = correlation
-    if user:
-        props.UserProperty = list(user.items())
-    if expiry_s:
-        props.MessageExpiryInterval = expiry_s
-    return props
 
 
 class MqttConnection:
@@ -219,15 +137,19 @@ class MqttConnection:
         correlation: bytes | None = None,
         properties: dict[str, str] | None = None,
         expiry_s: int | None = None,
-    ) -> Any:
-        """Publish; returns paho's ``MQTTMessageInfo`` (its ``mid`` is acknowledged later)."""
-        props = publish_properties(
+    ) -> Published:
+        """Publish (its ``mid`` is acknowledged later, see :meth:`on_published`)."""
+        return publish(
+            self._client,
+            topic,
+            payload,
+            qos=qos,
+            retain=retain,
             response_topic=response_topic,
             correlation=correlation,
             user=properties,
             expiry_s=expiry_s,
         )
-        return self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
 
     # -- paho's callbacks (its network thread) ------------------------------------------------
 

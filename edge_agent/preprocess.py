@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import InputError
-from edge_agent.package import ImagePreprocessing
+from edge_core.errors import InputError
+from edge_core.package import ImagePreprocessing
 
 __all__ = ["ImageView", "decode_image", "image_to_tensor", "tensor_to_image"]
 

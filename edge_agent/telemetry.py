@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.mqtt import MqttConnection
-from edge_agent.protocol.mqtt import telemetry_topic
+from edge_core.protocol.mqtt import telemetry_topic
 
 if TYPE_CHECKING:
     from edge_agent.agent import Agent
@@ -152,9 +152,10 @@ def offload_report(agent: Agent) -> dict[str, Any] | None:
 def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
     """The periodic telemetry of an agent, by kind: status, decisions, latency."""
     state = agent.device_state()
+    stats = agent.stats.snapshot()
     decisions = [
         {"action": action, "reason": reason, "count": count}
-        for (action, reason), count in sorted(agent.counter.snapshot().items())
+        for (action, reason), count in sorted(stats["decisions"].items())
     ]
     status: dict[str, Any] = {
         "profile": agent.profile.id,
@@ -172,10 +173,10 @@ def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
         "status": status,
         "decisions": {
             "decisions": decisions,
-            "degraded": agent.degraded,
-            "cached_answers": agent.cached_answers,
+            "degraded": stats["degraded"],
+            "cached_answers": stats["cached_answers"],
         },
-        "latency": {"by_answerer": agent.latency.summary()},
+        "latency": {"by_answerer": stats["latency"]},
     }
 
 
@@ -306,7 +307,7 @@ class Telemetry:
             if early is not None:
                 self._settle(message_id, early[0])
             handed += 1
-            if info.rc != 0:
+            if not info.ok:
                 break
         return handed
 

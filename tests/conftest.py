@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.package import ModelRepository
 from edge_agent.profiles import ProfileStore
+from edge_core.package import ModelRepository
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -130,7 +131,7 @@ def start_gateway(tmp: Path, repository: Path, backend=None, **overrides) -> Gat
     from cloud_gateway.auth import DeviceRegistry
 
     config = GatewayConfig(repository=repository, state_dir=tmp / "state", http_port=0, grpc_port=0)
-    config = config.with_overrides(**overrides)
+    config = dataclasses.replace(config, **overrides)
     registry = DeviceRegistry(config.devices_file)
     device_token = registry.add("cam-01", "rpi5-int8")
     admin_token = registry.add("ops", "operators", role="admin")

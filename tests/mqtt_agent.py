@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from edge_agent.mqtt import MqttConnection, MqttSettings
+from edge_agent.mqtt import MqttConnection
 from edge_agent.telemetry import Telemetry, TelemetryQueue
+from edge_core.mqtt import MqttSettings
 
 
 def main() -> None:

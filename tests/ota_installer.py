@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.ota import OtaUpdater, UpdateSettings, load_bundle
-from edge_agent.paths import default_profiles_dir
+from edge_agent.config import OtaSettings
+from edge_agent.ota import OtaUpdater, load_bundle
 from edge_agent.profiles import ProfileStore
+from edge_core.paths import default_profiles_dir
 
 
 def main() -> int:
@@ -56,7 +57,7 @@ def main() -> int:
                 time.sleep(0.02)
 
     updater = OtaUpdater(
-        UpdateSettings(url=args.url, state_dir=args.state, attempts=1),
+        OtaSettings(state_dir=args.state, url=args.url, attempts=1),
         load_bundle(args.bundle),
         ProfileStore(default_profiles_dir()).get("raspberry-pi-5"),
         on_step=on_step,

@@ -25,7 +25,8 @@ from cloud_gateway.ota.groups import GroupKeys, write_bundle
 from cloud_gateway.ota.keys import KeyStore
 from cloud_gateway.ota.publish import OtaRepository
 from cloud_gateway.ota.rollouts import RolloutStore
-from edge_agent.ota import OtaStore, OtaUpdater, UpdateSettings, load_bundle
+from edge_agent.config import OtaSettings
+from edge_agent.ota import OtaStore, OtaUpdater, load_bundle
 from edge_agent.ota.bundle import Enrollment
 from edge_agent.profiles import ProfileStore
 
@@ -126,7 +127,7 @@ class OtaWorld:
                 headers={"authorization": f"Bearer {device.enrollment.token}"},
             )
         updater = OtaUpdater(
-            UpdateSettings(url=url or self.url, state_dir=device.state, **settings),
+            OtaSettings(state_dir=device.state, url=url or self.url, **settings),
             device.enrollment,
             ProfileStore(PROFILES).get(profile),
             **hooks,

@@ -15,16 +15,16 @@ from skimage import data
 from cloud_gateway import GatewayConfig, GatewayThread
 from cloud_gateway.repository import EmbeddedBackend, LoadedModel
 from edge_agent.agent import DEFAULT_POLICY, Agent
-from edge_agent.errors import OffloadError, PolicyRejected, PrivacyRefusal
 from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
-from edge_agent.package import ModelPackage, ModelRepository
 from edge_agent.policy import Action, load_policy
 from edge_agent.preprocess import image_to_tensor, tensor_to_image
 from edge_agent.privacy import FaceDetector, PrivacyInspector
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
-from edge_agent.protocol.types import InferRequest
-from edge_agent.runtime import RuntimeOptions
+from edge_core.errors import OffloadError, PolicyRejected, PrivacyRefusal
+from edge_core.package import ModelPackage, ModelRepository
+from edge_core.protocol.types import InferRequest
+from edge_core.runtime import RuntimeOptions
 
 from .conftest import MODELS, PROFILES, GatewayHandle, start_gateway
 from .test_gateway import direct, metric
@@ -170,7 +170,7 @@ def test_what_the_gateway_receives_of_a_redacted_image_shows_no_face(
 
 
 def low_and_high_confidence() -> tuple[np.ndarray, np.ndarray]:
-    from edge_agent.runtime import open_variant
+    from edge_core.runtime import open_variant
 
     package = ModelRepository(MODELS).get("digits-light")
     session = open_variant(
@@ -193,7 +193,7 @@ def test_a_low_confidence_input_is_escalated_to_the_heavy_model(
     assert np.allclose(result.outputs["probabilities"], direct("digits-heavy", low), atol=1e-6)
     sure = agent.infer("digits-light", {"pixels": high})
     assert not sure.escalated and sure.where == "device" and sure.decision.reason == "confident"
-    assert agent.counter.snapshot()[("OFFLOAD", "low_confidence")] == 1
+    assert agent.stats.decisions.snapshot()[("OFFLOAD", "low_confidence")] == 1
     agent.close()
 
 
@@ -224,7 +224,7 @@ def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker
     assert [r.decision.action for r, _ in answers] == [Action.LOCAL_DEGRADED] * 4
     assert [r.decision.reason for r, _ in answers] == ["offload_failed"] * 2 + ["breaker_open"] * 2
     assert all("digits-light answers" in r.decision.message for r, _ in answers[:2])
-    counts = agent.counter.snapshot()
+    counts = agent.stats.decisions.snapshot()
     assert counts[("LOCAL_DEGRADED", "offload_failed")] == 2
     assert counts[("LOCAL_DEGRADED", "breaker_open")] == 2
     assert counts[("OFFLOAD", "low_confidence")] == 3  # escalations decided, two of them failed
@@ -345,7 +345,7 @@ def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceDetecto
 
 
 def test_an_unknown_label_is_an_input_error(served: GatewayHandle) -> None:
-    from edge_agent.errors import InputError
+    from edge_core.errors import InputError
 
     agent = make_agent(served, served.device_token, None)
     with pytest.raises(
@@ -366,7 +366,7 @@ def local_agent(repository: Any = None) -> Agent:
 
 
 def test_an_empty_batch_is_refused_before_anything_runs() -> None:
-    from edge_agent.errors import InputError
+    from edge_core.errors import InputError
 
     agent = local_agent()
     empty = {"pixels": np.zeros((0, 64), np.float32)}
@@ -379,7 +379,7 @@ def test_an_empty_batch_is_refused_before_anything_runs() -> None:
     with pytest.raises(InputError, match=r"input 'pixels' is not a tensor.*equal length"):
         agent.infer("digits-light", ragged)
     assert agent.loaded() == {}  # not even loaded
-    assert agent.counter.total() == 0
+    assert agent.stats.decisions.total() == 0
     agent.close()
 
 
@@ -421,7 +421,7 @@ def test_the_deadline_counts_the_local_queue_and_says_when_estimates_are_missing
     assert "no latency estimate" not in decision.message  # loading timed a first run
     # 10 ms a run, the cloud 5 ms: alone it fits 30 ms; behind 3 running requests it does not
     local.estimate = LatencyEstimate(value=10.0)
-    agent._remote["digits-light"] = LatencyEstimate(value=5.0)
+    agent.facts.observe_remote("digits-light", 5.0)
     agent.offload = OffloadClient(make_transport("http", "127.0.0.1:9"))  # never called
     decision, _ = agent.explain("digits-light", x, deadline_ms=30)
     assert decision.reason == "prefer_local"
@@ -441,7 +441,7 @@ def test_only_the_clouds_answers_are_kept_to_stand_in_for_it(fetched: ModelRepos
     assert agent.infer("digits-light", {"pixels": low_and_high_confidence()[1]}).where == "device"
     picture = np.zeros((1, 128, 128, 3), np.float32)
     assert agent.infer("face-detection-short-range", {"input": picture}).where == "device"
-    assert len(agent.cache._data) == 0
+    assert len(agent.cache) == 0
     agent.close()
 
 
@@ -458,6 +458,8 @@ def test_the_remembered_variant_follows_precision_and_version() -> None:
         served = agent.local_model("digits-light").package
         agent.reload("digits-light", replace(served, version=served.version + 1))
         assert agent.infer("digits-light", x).version == served.version + 1
-        assert {key[1] for key in agent._best if key[0] == "digits-light"} == {served.version + 1}
+        assert {key[1] for key in agent.models.rankings() if key[0] == "digits-light"} == {
+            served.version + 1
+        }
     finally:
         agent.close()

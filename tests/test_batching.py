@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from cloud_gateway.batching import DynamicBatcher, Queued, plan_batch
-from cloud_gateway.config import BatchingConfig
-from cloud_gateway.errors import DeadlineExceeded
+from cloud_gateway.config import BatchingSettings
+from edge_core.errors import DeadlineExceeded
 
-CONFIG = BatchingConfig(max_batch_size=8, max_queue_delay_us=1000)
+CONFIG = BatchingSettings(max_batch_size=8, max_queue_delay_us=1000)
 
 
 def q(rows: int = 1, at: float = 0.0, key: str = "a", deadline: float | None = None) -> Queued:
@@ -48,7 +48,7 @@ def test_only_requests_with_the_same_shapes_go_together() -> None:
 
 
 def test_preferred_size_goes_without_waiting() -> None:
-    config = BatchingConfig(
+    config = BatchingSettings(
         max_batch_size=8, max_queue_delay_us=10_000, preferred_batch_sizes=(2, 4)
     )
     assert plan_batch([q(), q(), q()], 0.0, config).take == [0, 1]
@@ -69,7 +69,7 @@ def test_wakes_for_the_nearest_deadline() -> None:
 
 
 def test_zero_delay_runs_what_is_there() -> None:
-    config = BatchingConfig(max_batch_size=8, max_queue_delay_us=0)
+    config = BatchingSettings(max_batch_size=8, max_queue_delay_us=0)
     assert plan_batch([q(), q()], 0.0, config).take == [0, 1]
 
 
@@ -102,7 +102,7 @@ def test_concurrent_requests_share_one_batch() -> None:
     async def main() -> list[np.ndarray]:
         with ThreadPoolExecutor(1) as pool:
             batcher = DynamicBatcher(
-                model, BatchingConfig(max_batch_size=16, max_queue_delay_us=20_000), pool
+                model, BatchingSettings(max_batch_size=16, max_queue_delay_us=20_000), pool
             )
             results = await asyncio.gather(
                 *(batcher.submit({"x": np.full((1, 2), i, np.float32)}) for i in range(6))
@@ -122,7 +122,7 @@ def test_a_bad_request_fails_alone() -> None:
     async def main() -> list[object]:
         with ThreadPoolExecutor(1) as pool:
             batcher = DynamicBatcher(
-                model, BatchingConfig(max_batch_size=16, max_queue_delay_us=20_000), pool
+                model, BatchingSettings(max_batch_size=16, max_queue_delay_us=20_000), pool
             )
             values = [1.0, -1.0, 3.0]
             results = await asyncio.gather(
@@ -144,7 +144,7 @@ def test_each_request_keeps_its_deadline() -> None:
     async def main() -> tuple[object, object, float]:
         with ThreadPoolExecutor(1) as pool:
             batcher = DynamicBatcher(
-                model, BatchingConfig(max_batch_size=1, max_queue_delay_us=0), pool
+                model, BatchingSettings(max_batch_size=1, max_queue_delay_us=0), pool
             )
             loop = asyncio.get_running_loop()
             first = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 1), np.float32)}))
@@ -174,7 +174,7 @@ def test_close_runs_what_is_queued() -> None:
     async def main() -> object:
         with ThreadPoolExecutor(1) as pool:
             batcher = DynamicBatcher(
-                model, BatchingConfig(max_batch_size=4, max_queue_delay_us=5_000_000), pool
+                model, BatchingSettings(max_batch_size=4, max_queue_delay_us=5_000_000), pool
             )
             pending = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 1), np.float32)}))
             await asyncio.sleep(0.01)

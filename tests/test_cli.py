@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.cli import run_command
-from edge_agent.package import ModelRepository
+from edge_core.cli import run_command
+from edge_core.package import ModelRepository
 
 from .conftest import make_root
 
@@ -323,13 +323,16 @@ def test_an_unexpected_error_is_one_line_without_debug(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = argparse.Namespace(command="profile", debug=False, run=_boom)
-    assert run_command(args) == 1
+    assert run_command(args, prog="edge-agent") == 1
     err = capsys.readouterr().err
     assert err.splitlines() == [
         "edge-agent: error: profile failed unexpectedly: RuntimeError: the disk fell off "
         "(run with --debug for the traceback)"
     ]
-    assert run_command(argparse.Namespace(command="profile", debug=True, run=_boom)) == 1
+    assert (
+        run_command(argparse.Namespace(command="profile", debug=True, run=_boom), prog="edge-agent")
+        == 1
+    )
     err = capsys.readouterr().err
     assert "Traceback" in err and "the disk fell off" in err
 

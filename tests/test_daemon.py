@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_agent.bench.report import free_port, stop_process
-from edge_agent.package import ModelRepository
+from edge_core.package import ModelRepository
+from edge_core.report import free_port, stop_process
 
 from .conftest import MODELS, ROOT, make_root
 
@@ -264,7 +264,7 @@ def test_stock_tritonclient_gets_the_agents_answers(agent: Running) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from edge_agent.runtime import RuntimeOptions, open_best
+    from edge_core.runtime import RuntimeOptions, open_best
 
     x = light_rows()
     _, session = open_best(LIGHT, RuntimeOptions(threads=1), precisions=("int8", "fp32"),

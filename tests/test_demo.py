@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from edge_agent.package import ModelRepository
+from edge_core.package import ModelRepository
 
 from .conftest import ROOT
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.package import ModelRepository
 from edge_agent.preprocess import decode_image, image_to_tensor
-from edge_agent.runtime import RuntimeOptions, open_best, open_variant
+from edge_core.package import ModelRepository
+from edge_core.runtime import RuntimeOptions, open_best, open_variant
 
 from .conftest import ROOT
 

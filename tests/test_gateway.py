@@ -20,8 +20,8 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from cloud_gateway.repository import EmbeddedBackend, LoadedModel
-from edge_agent.package import ModelPackage, ModelRepository
-from edge_agent.runtime import RuntimeOptions
+from edge_core.package import ModelPackage, ModelRepository
+from edge_core.runtime import RuntimeOptions
 
 from .conftest import MODELS, GatewayHandle, start_gateway
 
@@ -281,7 +281,7 @@ def test_bad_grpc_requests(gateway: GatewayHandle) -> None:
 
 
 def test_mismatched_raw_contents_and_malformed_protobuf(gateway: GatewayHandle) -> None:
-    from edge_agent.protocol.grpc import pb
+    from edge_core.protocol.grpc import pb
 
     channel = grpc.insecure_channel(gateway.grpc_url)
     metadata = [("authorization", f"Bearer {gateway.device_token}")]
@@ -336,12 +336,12 @@ def test_body_size_limit(tmp_path: Path) -> None:
 
 
 def test_rate_limit_per_device(tmp_path: Path) -> None:
-    from cloud_gateway.config import RateLimitConfig
+    from cloud_gateway.config import RateLimitSettings
 
     handle = start_gateway(
         tmp_path,
         small_repository(tmp_path),
-        rate_limit=RateLimitConfig(requests_per_second=0.01, burst=2),  # no refill meanwhile
+        rate_limit=RateLimitSettings(requests_per_second=0.01, burst=2),  # no refill meanwhile
         poll_interval_s=0.0,
     )
     try:
@@ -401,14 +401,14 @@ def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
 
 
 def test_concurrent_requests_end_up_in_one_batch_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
-    from cloud_gateway.config import BatchingConfig
+    from cloud_gateway.config import BatchingSettings
 
     handle = start_gateway(
         tmp_path,
         small_repository(tmp_path),
         # the batch goes when its 7 good rows are in (a full batch does not wait), however
         # slowly the 8 client threads start
-        batching=BatchingConfig(max_batch_size=7, max_queue_delay_us=10_000_000),
+        batching=BatchingSettings(max_batch_size=7, max_queue_delay_us=10_000_000),
         poll_interval_s=0.0,
     )
     try:

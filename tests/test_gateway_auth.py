@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cloud_gateway.auth import DeviceRegistry, RateLimiter, TokenBucket, parse_bearer
-from cloud_gateway.errors import RateLimited, Unauthenticated
+from edge_core.errors import RateLimited, Unauthenticated
 
 
 def test_tokens_are_stored_hashed_in_a_private_file(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 from cloud_gateway import cpus
 from cloud_gateway.bench import NoOpBackend
 from cloud_gateway.config import load_config
-from edge_agent.errors import ConfigError
-from edge_agent.package import ModelPackage
+from edge_core.errors import ConfigError
+from edge_core.package import ModelPackage
 
 from .conftest import MODELS, start_gateway
 

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tritonclient.utils import InferenceServerException
 
-from cloud_gateway.config import TLSConfig
+from cloud_gateway.config import ServerTLSSettings
 
 from .conftest import start_gateway
 from .test_gateway import small_repository
@@ -70,7 +70,7 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
     ca = make_cert(tmp_path, "ca", None)
     make_cert(tmp_path, "server", ca, server=True)
     make_cert(tmp_path, "client", ca)
-    tls = TLSConfig(
+    tls = ServerTLSSettings(
         cert=tmp_path / "server.pem",
         key=tmp_path / "server.key",
         client_ca=tmp_path / "ca.pem",

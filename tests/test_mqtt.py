@@ -24,15 +24,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from cloud_gateway import GatewayConfig, GatewayThread
 from cloud_gateway.auth import DeviceRegistry
-from cloud_gateway.config import MqttBridgeConfig
+from cloud_gateway.config import MqttBridgeSettings
 from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
 from edge_agent.bench.mosquitto import Mosquitto
-from edge_agent.errors import OffloadRejected, OffloadTimeout, ProtocolError
 from edge_agent.fleet import FleetLink
-from edge_agent.mqtt import MqttConnection, MqttSettings, publish_properties
+from edge_agent.mqtt import MqttConnection
 from edge_agent.offload import make_transport
 from edge_agent.offload.mqtt import MqttTransport
-from edge_agent.protocol.mqtt import (
+from edge_agent.telemetry import Telemetry, TelemetryQueue
+from edge_core.errors import OffloadRejected, OffloadTimeout, ProtocolError
+from edge_core.mqtt import MqttSettings, publish_properties
+from edge_core.protocol.mqtt import (
     decode_request,
     decode_response,
     encode_error,
@@ -40,8 +42,7 @@ from edge_agent.protocol.mqtt import (
     encode_response,
     request_topic,
 )
-from edge_agent.protocol.types import InferRequest, InferResponse
-from edge_agent.telemetry import Telemetry, TelemetryQueue
+from edge_core.protocol.types import InferRequest, InferResponse
 
 from .conftest import MODELS, ROOT
 
@@ -378,7 +379,7 @@ def running_fleet(
     broker.start()
     config = GatewayConfig(
         repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
-        poll_interval_s=0.0, mqtt=MqttBridgeConfig(port=broker.port),
+        poll_interval_s=0.0, mqtt=MqttBridgeSettings(port=broker.port),
     )  # fmt: skip
     fleet = Fleet(root, registry, broker, tokens, password, config)
     try:
@@ -397,7 +398,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def digits(rows: int = 3) -> np.ndarray:
-    from edge_agent.package import ModelRepository
+    from edge_core.package import ModelRepository
 
     return ModelRepository(MODELS).get("digits-light").evaluation()[0][:rows].astype(np.float32)
 
@@ -538,7 +539,7 @@ def test_a_lost_broker_is_unavailable_at_once(broker: Mosquitto) -> None:
     assert connection.wait_connected(10)
     broker.stop()
     wait_for(lambda: not connection.connected, what="the disconnect")
-    from edge_agent.errors import OffloadUnavailable
+    from edge_core.errors import OffloadUnavailable
 
     request = light_request(digits(1))
     started = time.monotonic()
@@ -733,7 +734,7 @@ def test_a_rollout_announcement_starts_an_update_at_once(tmp_path: Path) -> None
     world.gateway = GatewayThread(
         replace(
             world.gateway.gateway.config,
-            mqtt=MqttBridgeConfig(port=broker.port, announce_interval_s=0.2),
+            mqtt=MqttBridgeSettings(port=broker.port, announce_interval_s=0.2),
         )
     )
     updater = world.updater(device, interval_s=3600, jitter_s=0)  # no interval check soon
@@ -818,7 +819,7 @@ def write_agent_config(tmp: Path, body: str) -> Path:
 def test_agent_mqtt_configuration(tmp_path: Path) -> None:
     from edge_agent.assemble import create_connection
     from edge_agent.config import load_agent_config
-    from edge_agent.errors import ConfigError
+    from edge_core.errors import ConfigError
 
     config = load_agent_config(
         write_agent_config(

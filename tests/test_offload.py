@@ -11,16 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.errors import (
+from edge_agent.offload import CircuitBreaker, OffloadClient, Transport, make_transport
+from edge_agent.offload.http import gateway_timeout_us
+from edge_core.errors import (
     BreakerOpen,
     OffloadRejected,
     OffloadTimeout,
     OffloadUnavailable,
 )
-from edge_agent.offload import CircuitBreaker, OffloadClient, TLSSettings, Transport, make_transport
-from edge_agent.offload.http import gateway_timeout_us
-from edge_agent.package import ModelRepository
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.package import ModelRepository
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.tls import TLSSettings
 
 from .conftest import MODELS, GatewayHandle, start_gateway
 from .test_gateway import SlowBackend, direct, metric, small_repository
@@ -187,14 +188,16 @@ def test_transports_translate_unavailable_and_timeout(tmp_path: Path, protocol: 
 
 
 def test_grpc_transport_over_tls(tmp_path: Path) -> None:
-    from cloud_gateway.config import TLSConfig
+    from cloud_gateway.config import ServerTLSSettings
 
     from .test_gateway_tls import make_cert
 
     ca = make_cert(tmp_path, "ca", None)
     make_cert(tmp_path, "server", ca, server=True)
     make_cert(tmp_path, "client", ca)
-    tls = TLSConfig(tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem", True)
+    tls = ServerTLSSettings(
+        tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem", True
+    )
     handle = start_gateway(tmp_path, small_repository(tmp_path), tls=tls, poll_interval_s=0.0)
     try:
         settings = TLSSettings(

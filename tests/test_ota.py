@@ -28,7 +28,14 @@ from cloud_gateway.ota.publish import OtaRepository, due_roles
 from cloud_gateway.server import GatewayThread
 from edge_agent.agent import Agent, LayeredSource
 from edge_agent.assemble import OtaSource
-from edge_agent.errors import (
+from edge_agent.ota import smoke_test
+from edge_agent.ota.fetch import download_resumable, fetch_plan
+from edge_agent.ota.signed import refresh
+from edge_agent.ota.updater import not_for_profile
+from edge_agent.policy import load_policy
+from edge_agent.profiles import ProfileStore
+from edge_agent.profiles.state import DeviceState
+from edge_core.errors import (
     ConfigError,
     DownloadError,
     MetadataError,
@@ -36,8 +43,7 @@ from edge_agent.errors import (
     NoKeyError,
     UpdateError,
 )
-from edge_agent.ota import smoke_test
-from edge_agent.ota.crypto import (
+from edge_core.ota.crypto import (
     decrypt_blob,
     encrypt_file,
     generate_group_key,
@@ -45,13 +51,7 @@ from edge_agent.ota.crypto import (
     verify_blob,
     wrap_key,
 )
-from edge_agent.ota.fetch import download_resumable, fetch_plan
-from edge_agent.ota.signed import refresh
-from edge_agent.ota.updater import not_for_profile
-from edge_agent.package import ModelRepository
-from edge_agent.policy import load_policy
-from edge_agent.profiles import ProfileStore
-from edge_agent.profiles.state import DeviceState
+from edge_core.package import ModelRepository
 
 from .conftest import MODELS, PROFILES, ROOT
 from .ota_world import (
@@ -115,8 +115,8 @@ def test_a_package_blob_tampered_past_the_archives_end_is_refused(tmp_path: Path
     """The package reader stops at the tar's end marker; the chunks after it (the end
     blocks, the record's padding) are still decrypted and their tags checked."""
     from cloud_gateway.ota.archive import package_archive
-    from edge_agent.errors import IntegrityError
     from edge_agent.ota.store import open_package
+    from edge_core.errors import IntegrityError
 
     archive, _ = package_archive(LIGHT_INT8, "digits-light", 4, tmp_path)
     blob, key = tmp_path / "payload", os.urandom(32)
@@ -151,7 +151,7 @@ def test_blob_round_trip_and_every_tampering_is_caught(tmp_path: Path) -> None:
         + data[25 : 25 + chunk]
         + data[25 + 2 * chunk :],
     }
-    from edge_agent.errors import IntegrityError
+    from edge_core.errors import IntegrityError
 
     for case, tampered in cases.items():
         blob.write_bytes(tampered)
@@ -510,7 +510,7 @@ def test_a_partial_slot_never_becomes_active(world: OtaWorld) -> None:
     store = world.store(device)
     slot = store.prepare("digits-light")
     (slot / "payload").write_bytes(b"half a payload")
-    from edge_agent.errors import IntegrityError
+    from edge_core.errors import IntegrityError
 
     with pytest.raises(IntegrityError, match="holds no complete version"):
         store.activate("digits-light", slot.name)
@@ -605,9 +605,9 @@ def test_the_installer_does_not_ask_again_for_a_refused_answer(tmp_path: Path) -
     """A compressed or endless answer is refused at once, not retried with back-off."""
     from types import SimpleNamespace
 
-    from edge_agent.errors import DownloadRefused
     from edge_agent.ota.install import Installer
     from edge_agent.ota.store import OtaStore
+    from edge_core.errors import DownloadRefused
 
     bomb = compress(b"\0" * (1 << 20), "gzip")
     for encoding, body, length in (("gzip", bomb, len(bomb)), (None, b"x" * 5000, 100)):
@@ -958,7 +958,7 @@ def test_the_background_updater_survives_any_error(world: OtaWorld) -> None:
 
 
 def test_one_rule_for_model_names(world: OtaWorld) -> None:
-    from edge_agent.ota.plan import is_model_name
+    from edge_core.names import is_model_name
 
     for good in ("digits-light", "a", "v1.2_x", "A" * 128):
         assert is_model_name(good), good

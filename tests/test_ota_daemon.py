@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.bench.report import free_port
 from edge_agent.service.daemon import Daemon
+from edge_core.report import free_port
 
 from .conftest import MODELS, make_root
 from .ota_world import LIGHT_FP32, LIGHT_INT8, OtaWorld, make_world

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.errors import ModelNotFoundError, PackageError
-from edge_agent.package import ModelRepository, load_package
+from edge_core.errors import ModelNotFoundError, PackageError
+from edge_core.package import ModelRepository, load_package
 
 
 def copy_package(repository: ModelRepository, tmp_path: Path, name: str = "digits-light") -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edge_agent.package import ModelRepository
 from edge_agent.preprocess import image_to_tensor
-from edge_agent.runtime import RuntimeOptions, open_variant
+from edge_core.package import ModelRepository
+from edge_core.runtime import RuntimeOptions, open_variant
 
 from .conftest import MODELS
 

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from skimage import data
 
-from edge_agent.errors import PrivacyRefusal
 from edge_agent.offload import ExitGuard
-from edge_agent.package import ModelRepository
 from edge_agent.policy import PolicyRules
 from edge_agent.preprocess import image_to_tensor, tensor_to_image
 from edge_agent.privacy import FaceDetector, PrivacyInspector, find_pii, mask_pii
 from edge_agent.privacy.faces import FULL_RANGE, SHORT_RANGE, Face, anchors, nms
 from edge_agent.privacy.redact import redact_faces
-from edge_agent.protocol.types import InferRequest
+from edge_core.errors import PrivacyRefusal
+from edge_core.package import ModelRepository
+from edge_core.protocol.types import InferRequest
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,15 @@ from PIL import Image
 from skimage import data
 
 from edge_agent.agent import DEFAULT_POLICY, Agent
-from edge_agent.errors import PolicyRejected, PrivacyRefusal
 from edge_agent.offload import ExitGuard, OffloadClient, Transport
-from edge_agent.package import ModelRepository
 from edge_agent.policy import Action, PolicyRules, load_policy
 from edge_agent.privacy import FaceDetector, PrivacyInspector, encoded_images
 from edge_agent.privacy.encoded import carries_metadata, decode, image_format
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.errors import PolicyRejected, PrivacyRefusal
+from edge_core.package import ModelRepository
+from edge_core.protocol.types import InferRequest, InferResponse
 
 from .conftest import MODELS, PROFILES
 
@@ -258,7 +258,7 @@ def test_a_flat_uint8_picture_is_still_searched_as_a_picture(
     fetched: ModelRepository, detector: FaceDetector
 ) -> None:
     """Only file bytes take the encoded path: a row of raw pixels is a picture."""
-    from edge_agent.package import ImagePreprocessing
+    from edge_core.package import ImagePreprocessing
 
     grey = np.asarray(Image.fromarray(data.astronaut()).convert("L"))
     pre = ImagePreprocessing(

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.errors import ProfileError
 from edge_agent.profiles import ProfileStore, detect_profile, load_profile, read_facts
+from edge_core.errors import ProfileError
 
 from .conftest import PROFILES, X86_CPUINFO, make_root
 

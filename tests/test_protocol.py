@@ -7,21 +7,21 @@ import json
 import numpy as np
 import pytest
 
-from edge_agent.errors import ProtocolError
-from edge_agent.protocol.grpc import (
+from edge_core.errors import ProtocolError
+from edge_core.protocol.grpc import (
     pb,
     request_from_proto,
     request_to_proto,
     response_from_proto,
     response_to_proto,
 )
-from edge_agent.protocol.rest import (
+from edge_core.protocol.rest import (
     decode_infer_request,
     decode_infer_response,
     encode_infer_request,
     encode_infer_response,
 )
-from edge_agent.protocol.types import InferRequest, InferResponse, RequestedOutput
+from edge_core.protocol.types import InferRequest, InferResponse, RequestedOutput
 
 
 def sample_request() -> InferRequest:

@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edge_agent.errors import (
+from edge_core.errors import (
     ConfigError,
     InferenceError,
     InputError,
@@ -14,8 +14,8 @@ from edge_agent.errors import (
     NoVariantError,
     PackageError,
 )
-from edge_agent.package import ModelPackage, ModelRepository, Variant
-from edge_agent.runtime import (
+from edge_core.package import ModelPackage, ModelRepository, Variant
+from edge_core.runtime import (
     DelegateSpec,
     RuntimeOptions,
     Session,
@@ -23,8 +23,8 @@ from edge_agent.runtime import (
     open_model,
     open_variant,
 )
-from edge_agent.runtime.onnx import choose_providers
-from edge_agent.tensors import TensorSpec
+from edge_core.runtime.onnx import choose_providers
+from edge_core.tensors import TensorSpec
 
 OPTIONS = RuntimeOptions(threads=1, warmup=1)
 COMMITTED = [

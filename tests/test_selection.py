@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from edge_agent.errors import NoVariantError
-from edge_agent.package import ModelRepository
-from edge_agent.runtime import installed_formats, rank_variants
+from edge_core.errors import NoVariantError
+from edge_core.package import ModelRepository
+from edge_core.runtime import installed_formats, rank_variants
 
 
 def ids(variants) -> list[str]:  # type: ignore[no-untyped-def]

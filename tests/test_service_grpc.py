@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from edge_agent.agent import Agent
-from edge_agent.package import ModelRepository
 from edge_agent.policy.rules import parse_policy
 from edge_agent.profiles import ProfileStore
-from edge_agent.protocol.grpc import pb, request_to_proto
-from edge_agent.protocol.types import InferRequest
 from edge_agent.service.frontend import LocalService
 from edge_agent.service.grpc_api import GrpcApi
 from edge_agent.service.metrics import ServiceMetrics
+from edge_core.package import ModelRepository
+from edge_core.protocol.grpc import pb, request_to_proto
+from edge_core.protocol.types import InferRequest
 
 from .conftest import MODELS, PROFILES
 

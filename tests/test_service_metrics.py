@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from edge_agent.bench.mosquitto import Mosquitto
-from edge_agent.bench.report import free_port
-from edge_agent.protocol.mqtt import response_topic
 from edge_agent.service.daemon import Daemon
+from edge_core.protocol.mqtt import response_topic
+from edge_core.report import free_port
 
 from .conftest import MODELS, make_root
 from .test_daemon import metric_value, write_config

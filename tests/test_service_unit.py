@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from edge_agent.cli import main
-from edge_agent.errors import ConfigError
 from edge_agent.service.notify import Notifier
 from edge_agent.service.unit import (
     DEFAULT_GROUPS,
@@ -27,6 +26,7 @@ from edge_agent.service.unit import (
     install_unit,
     render_unit,
 )
+from edge_core.errors import ConfigError
 
 # the accelerator groups of this host (a group the host lacks is left out of the unit)
 HOST_GROUPS = " ".join(group for group in DEFAULT_GROUPS if _group_exists(group))

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_agent.errors import InputError
-from edge_agent.tensors import TensorSpec, datatype_of, format_shape, numpy_dtype, validate_inputs
+from edge_core.errors import InputError
+from edge_core.tensors import TensorSpec, datatype_of, format_shape, numpy_dtype, validate_inputs
 
 SPECS = (TensorSpec("pixels", "FP32", (-1, 64)), TensorSpec("mask", "UINT8", (-1, 4)))
 

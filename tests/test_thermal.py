@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from edge_agent.agent import Agent
-from edge_agent.errors import ProfileError
-from edge_agent.package import ModelRepository
 from edge_agent.policy.rules import PolicyRules
 from edge_agent.profiles import DeviceProfile, ProfileStore
 from edge_agent.profiles.state import read_device_state
 from edge_agent.service.thermal import ThermalController
+from edge_core.errors import ProfileError
+from edge_core.package import ModelRepository
 
 from .conftest import MODELS, make_root
 

@@ -28,9 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.bench.report import render_table, write_json
-from edge_agent.package import ModelRepository
 from edge_agent.privacy.faces import FULL_RANGE, SHORT_RANGE, Face, FaceDetector, iou
+from edge_core.package import ModelRepository
+from edge_core.report import render_table, write_json
 
 SIZES = (48, 96, 192)
 BACKGROUNDS = (

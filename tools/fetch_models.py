@@ -38,9 +38,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.package import MANIFEST, ImagePreprocessing, ModelPackage, Tolerance, Variant
-from edge_agent.runtime import open_model
-from edge_agent.tensors import TensorSpec
+from edge_core.package import MANIFEST, ImagePreprocessing, ModelPackage, Tolerance, Variant
+from edge_core.runtime import open_model
+from edge_core.tensors import TensorSpec
 
 # One platform for every host: the model files inside are the same, and
 # pinning the wheel pins their hashes.

@@ -40,13 +40,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.package import (
+from edge_core.package import (
     ImagePreprocessing,
     ModelPackage,
     Tolerance,
     Variant,
 )
-from edge_agent.tensors import TensorSpec
+from edge_core.tensors import TensorSpec
 
 SEED = 0
 HELDOUT_SHARE = 0.2

@@ -17,13 +17,13 @@ from tritonclient.grpc import service_pb2_grpc
 
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
-from cloud_gateway.errors import status_of
-from edge_agent.protocol.grpc import (
+from edge_core.protocol.grpc import (
     Malformed,
     generic_handler,
     request_from_proto,
     response_to_proto,
 )
+from edge_core.status import status_of
 
 __all__ = ["InferenceServicer", "add_to_server"]
 

@@ -35,14 +35,13 @@ import uuid
 from typing import Any
 
 from cloud_gateway.auth import parse_bearer
-from cloud_gateway.config import MqttBridgeConfig
+from cloud_gateway.config import MqttBridgeSettings
 from cloud_gateway.dataplane import DataPlane
-from cloud_gateway.errors import GatewayError, status_of
 from cloud_gateway.mqtt.broker import shared_requests
 from cloud_gateway.ota.service import OtaService
-from edge_agent.errors import ProtocolError
-from edge_agent.mqtt import new_client, no_delay, publish_properties, user_properties
-from edge_agent.protocol.mqtt import (
+from edge_core.errors import ProtocolError, RequestError
+from edge_core.mqtt import new_client, no_delay, publish, user_properties
+from edge_core.protocol.mqtt import (
     MqttMessage,
     announcement_topic,
     decode_request,
@@ -50,6 +49,7 @@ from edge_agent.protocol.mqtt import (
     encode_response,
     response_topic,
 )
+from edge_core.status import status_of
 
 __all__ = ["MqttBridge", "shared_requests"]
 
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 class MqttBridge:
     def __init__(
         self,
-        config: MqttBridgeConfig,
+        config: MqttBridgeSettings,
         password: str,
         plane: DataPlane,
         *,
@@ -87,7 +87,9 @@ class MqttBridge:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._client.connect_async(self.config.host, self.config.port, keepalive=30)
+        self._client.connect_async(
+            self.config.host, self.config.port, keepalive=self.config.keepalive
+        )
         self._client.loop_start()
         if self.ota is not None:
             self.ota.listeners.append(lambda rollout: self._poke())
@@ -156,7 +158,7 @@ class MqttBridge:
         user = user_properties(message)
         try:
             device = self.plane.registry.authenticate(parse_bearer(user.get("authorization")))
-        except GatewayError as exc:
+        except RequestError as exc:
             # no answer: whoever sent it could name any device's response topic
             return self._drop("unauthenticated", message, str(exc))
         if not reply_to:
@@ -169,7 +171,7 @@ class MqttBridge:
         try:
             self.plane.limiter.check(device.id)
             request = decode_request(message.topic, message.payload, user)
-        except (GatewayError, ProtocolError) as exc:
+        except (RequestError, ProtocolError) as exc:
             self.plane.count_failure(model, "mqtt", exc)
             return self._reply(reply_to, correlation, self._error(exc))
         deadline = None
@@ -196,8 +198,9 @@ class MqttBridge:
         return encode_error(status.http, status.message)
 
     def _reply(self, topic: str, correlation: bytes, answer: MqttMessage) -> None:
-        props = publish_properties(correlation=correlation, user=answer.properties)
-        self._client.publish(topic, answer.payload, qos=1, properties=props)
+        publish(
+            self._client, topic, answer.payload, correlation=correlation, user=answer.properties
+        )
 
     # -- announcements ------------------------------------------------------------------
 
@@ -230,8 +233,8 @@ class MqttBridge:
             if self._announced.get(group) == document["digest"]:
                 continue
             payload = json.dumps({**document, "time": time.time()}).encode()
-            info = self._client.publish(announcement_topic(group), payload, qos=1, retain=True)
-            if info.rc == 0:
+            info = publish(self._client, announcement_topic(group), payload, qos=1, retain=True)
+            if info.ok:
                 self._announced[group] = document["digest"]
                 self.metrics.mqtt_announcements.labels(group).inc()
                 published += 1

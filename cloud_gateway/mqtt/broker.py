@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry, mosquitto_hash, write_private
-from edge_agent.protocol.mqtt import (
+from edge_core.protocol.mqtt import (
     REQUEST_FILTER,
     announcement_topic,
     response_topic,

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import PackageError
-from edge_agent.fields import is_decimal
-from edge_agent.package import MANIFEST, load_package
+from edge_core.errors import PackageError
+from edge_core.fields import is_decimal
+from edge_core.package import MANIFEST, load_package
 
 __all__ = ["package_archive"]
 

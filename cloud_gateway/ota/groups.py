@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import DEVICE_ID, write_private
-from edge_agent.ota.crypto import generate_group_key
+from edge_core.ota.crypto import generate_group_key
 
 __all__ = ["GroupKeys", "write_bundle"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import write_private
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError
 
 __all__ = ["ROLES", "KeyStore"]
 

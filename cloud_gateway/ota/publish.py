@@ -13,7 +13,7 @@ Publishing a model version (:meth:`OtaRepository.publish`):
 
 1. the package (manifest, the one model file, golden data) goes into a tar
    archive, encrypted with a fresh data key into a blob
-   (:mod:`edge_agent.ota.crypto`);
+   (:mod:`edge_core.ota.crypto`);
 2. the data key is wrapped for each target group with the group's X25519 key,
    one small key file per group;
 3. new targets metadata lists the blob and the key files with their lengths
@@ -40,7 +40,7 @@ are left.
 Every change of the metadata is a read-modify-write of the newest versions,
 so it runs under an ``flock`` on ``<ota>/.lock``: two publishers (or a
 publish and a rotation) never sign the same version twice. Names are held to
-:data:`edge_agent.ota.plan.MODEL_NAME`, groups to the rule of ``device add``.
+:data:`edge_core.ota.plan.MODEL_NAME`, groups to the rule of ``device add``.
 """
 
 from __future__ import annotations
@@ -61,13 +61,11 @@ from typing import Any
 from cloud_gateway.auth import DEVICE_ID
 from cloud_gateway.ota.archive import package_archive
 from cloud_gateway.ota.keys import ROLES, KeyStore
-from edge_agent.errors import ConfigError
-from edge_agent.fields import is_decimal
-from edge_agent.ota.crypto import CHUNK_SIZE, encrypt_file, wrap_key
-from edge_agent.ota.plan import (
-    MAX_VERSION,
-    MODEL_NAME_RULE,
-    is_model_name,
+from edge_core.errors import ConfigError
+from edge_core.fields import is_decimal
+from edge_core.names import MAX_VERSION, MODEL_NAME_RULE, is_model_name
+from edge_core.ota.crypto import CHUNK_SIZE, encrypt_file, wrap_key
+from edge_core.ota.plan import (
     key_target,
     payload_target,
 )

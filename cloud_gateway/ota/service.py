@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import Device
-from cloud_gateway.errors import BadRequest, NotFound
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
-from edge_agent.ota.plan import (
-    MAX_VERSION,
-    MODEL_NAME_RULE,
-    is_model_name,
+from edge_core.errors import BadRequest, NotFound
+from edge_core.names import MAX_VERSION, MODEL_NAME_RULE, is_model_name
+from edge_core.ota.plan import (
     key_target,
     payload_target,
 )

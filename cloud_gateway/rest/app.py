@@ -18,13 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
-from cloud_gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable, status_of
 from cloud_gateway.metrics import CONTENT_TYPE
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.ota import add_ota_routes
-from edge_agent.errors import EdgeError
-from edge_agent.fields import is_decimal
-from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from edge_core.errors import BadRequest, EdgeError, PayloadTooLarge, RequestError, Unavailable
+from edge_core.fields import is_decimal
+from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from edge_core.status import status_of
 
 __all__ = ["create_app"]
 
@@ -94,7 +94,7 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
         return _error(exc)
 
-    app.add_exception_handler(GatewayError, known_error)
+    app.add_exception_handler(RequestError, known_error)
     app.add_exception_handler(EdgeError, known_error)
 
     @app.exception_handler(Exception)
@@ -191,7 +191,7 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
             if header is not None and not is_decimal(header):
                 raise BadRequest(f"{HEADER_LENGTH} must be a non-negative integer")
             infer_request = decode_infer_request(body, int(header) if header is not None else None)
-        except (GatewayError, EdgeError) as exc:
+        except (RequestError, EdgeError) as exc:
             plane.count_failure(name, "http", exc)
             raise
         infer_request.model_name = name

@@ -9,8 +9,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 
 from cloud_gateway.auth import Device
-from cloud_gateway.errors import BadRequest
 from cloud_gateway.ota.service import OtaService
+from edge_core.errors import BadRequest
 
 __all__ = ["add_ota_routes"]
 

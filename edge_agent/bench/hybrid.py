@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 
 from edge_agent.agent import DEFAULT_POLICY, Agent
-from edge_agent.bench.report import free_port, machine_info, render_table, stop_process
 from edge_agent.offload import ExitGuard, OffloadClient, make_transport
 from edge_agent.offload.breaker import CircuitBreaker
-from edge_agent.package import ModelRepository
 from edge_agent.policy import ModelRule, load_policy
 from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
+from edge_core.package import ModelRepository
+from edge_core.report import free_port, machine_info, render_table, stop_process
 
 __all__ = ["bench_agent", "gateway_process", "run_hybrid"]
 
@@ -50,12 +50,14 @@ OFFLOAD_TARGET = 0.25
 
 @contextlib.contextmanager
 def gateway_process(
-    repository: Path, state_dir: Path, *, extra_config: str = ""
+    repository: Path, state_dir: Path, *, extra_config: str = "", broker_files: Path | None = None
 ) -> Iterator[dict[str, Any]]:
     """``cloud-gateway serve`` in a child process, with one device ("bench-device",
     group "bench"); yields its ports, the device's token and the process.
 
-    ``extra_config`` is appended to the gateway's configuration file (TOML).
+    ``extra_config`` is appended to the gateway's configuration file (TOML);
+    with ``broker_files``, ``cloud-gateway mqtt acl`` writes the broker's
+    password and ACL files there before the gateway starts.
     """
     base = [sys.executable, "-m", "cloud_gateway", "--state-dir", str(state_dir)]
     added = subprocess.run(
@@ -64,6 +66,12 @@ def gateway_process(
         text=True,
         check=True,
     )
+    if broker_files is not None:
+        subprocess.run(
+            [*base, "mqtt", "acl", "--out", str(broker_files)],
+            capture_output=True,
+            check=True,
+        )
     http_port, grpc_port = free_port(), free_port()
     config = state_dir / "gateway.toml"
     config.write_text(
@@ -222,7 +230,7 @@ def run_hybrid(
                 agent.infer(model, {"pixels": inputs[:1]}, deadline_ms=5000)  # load and connect
                 report["setups"][name] = _run(agent, model, inputs, labels, deadline_ms)
                 if name == "hybrid":
-                    report["setups"][name]["variant"] = agent._local["digits-light"].variant.id
+                    report["setups"][name]["variant"] = agent.loaded()["digits-light"]["variant"]
                 agent.close()
             hybrid = bench_agent(
                 profile, repository, gateway["grpc"], gateway["token"], escalate=True
@@ -237,7 +245,7 @@ def run_hybrid(
             outage = _run(hybrid, "digits-light", inputs, labels, deadline_ms, kill=kill)
             outage["breaker_state"] = hybrid.offload.breaker.state if hybrid.offload else None
             outage["decisions"] = {
-                f"{a}/{r}": n for (a, r), n in sorted(hybrid.counter.snapshot().items())
+                f"{a}/{r}": n for (a, r), n in sorted(hybrid.stats.decisions.snapshot().items())
             }
             report["gateway_killed_halfway"] = outage
             hybrid.close()

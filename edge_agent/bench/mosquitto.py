@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_agent.bench.report import free_port, stop_process
-from edge_agent.errors import EdgeError
+from edge_core.errors import EdgeError
+from edge_core.report import free_port, stop_process
 
 __all__ = ["Mosquitto"]
 

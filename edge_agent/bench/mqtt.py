@@ -24,12 +24,13 @@ import numpy as np
 
 from edge_agent.bench.hybrid import gateway_process
 from edge_agent.bench.mosquitto import Mosquitto
-from edge_agent.bench.report import machine_info, percentiles_ms, render_table
-from edge_agent.errors import OffloadError
-from edge_agent.mqtt import MqttConnection, MqttSettings, new_client
-from edge_agent.package import ModelRepository
-from edge_agent.protocol.types import InferRequest
+from edge_agent.mqtt import MqttConnection
 from edge_agent.telemetry import Telemetry, TelemetryQueue
+from edge_core.errors import OffloadError
+from edge_core.mqtt import MqttSettings, new_client
+from edge_core.package import ModelRepository
+from edge_core.protocol.types import InferRequest
+from edge_core.report import machine_info, percentiles_ms, render_table
 
 __all__ = ["format_mqtt", "run_mqtt"]
 
@@ -131,8 +132,6 @@ def _round_trips(mqtt: Any, grpc: Any, request: InferRequest, requests: int) -> 
 
 
 def run_mqtt(model_dir: Path, *, messages: int = 5000, requests: int = 300) -> dict[str, Any]:
-    from cloud_gateway.auth import DeviceRegistry
-    from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
     from edge_agent.offload import make_transport
     from edge_agent.offload.mqtt import MqttTransport
 
@@ -140,15 +139,13 @@ def run_mqtt(model_dir: Path, *, messages: int = 5000, requests: int = 300) -> d
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         state = root / "state"
-        password = ensure_gateway_password(state / "mqtt-gateway.password")
         broker = Mosquitto(root / "broker", passwd=root / "passwd", acl=root / "acl")
         served = root / "served"
         served.mkdir()
         (served / "digits-light").symlink_to(model_dir / "digits-light")
         extra = f"[mqtt]\nport = {broker.port}\n"
-        with gateway_process(served, state, extra_config=extra) as gateway:
-            registry = DeviceRegistry(state / "devices.json")
-            write_broker_files(registry, root, gateway_user="_gateway", gateway_password=password)
+        with gateway_process(served, state, extra_config=extra, broker_files=root) as gateway:
+            password = (state / "mqtt-gateway.password").read_text().strip()
             broker.start()
             token = gateway["token"]
             connection = MqttConnection(

@@ -40,11 +40,11 @@ import numpy as np
 
 from edge_agent.bench.grpc_echo import METHOD
 from edge_agent.bench.hybrid import bench_agent, gateway_process
-from edge_agent.bench.report import machine_info, percentiles_ms, render_table, stop_process
-from edge_agent.package import ModelRepository
 from edge_agent.profiles.schema import DeviceProfile
-from edge_agent.protocol.grpc import request_to_proto
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.package import ModelRepository
+from edge_core.protocol.grpc import request_to_proto
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.report import machine_info, percentiles_ms, render_table, stop_process
 
 __all__ = ["format_offload", "run_offload"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.bench.report import free_port, machine_info, render_table, stop_process
+from edge_core.report import free_port, machine_info, render_table, stop_process
 
 __all__ = ["format_ota", "run_ota"]
 
@@ -49,8 +49,8 @@ def big_model_package(folder: Path, megabytes: int) -> Path:
     except ImportError as exc:  # the dev extra has it
         raise SystemExit("the OTA benchmark builds its models with `onnx` (the dev extra)") from exc
 
-    from edge_agent.package import ModelPackage, Tolerance, Variant
-    from edge_agent.tensors import TensorSpec
+    from edge_core.package import ModelPackage, Tolerance, Variant
+    from edge_core.tensors import TensorSpec
 
     folder.mkdir(parents=True)
     table = np.random.default_rng(megabytes).standard_normal(megabytes * 262144).astype(np.float32)
@@ -97,9 +97,10 @@ def big_model_package(folder: Path, megabytes: int) -> Path:
 
 def _install(bundle: str, state: str, url: str) -> dict[str, Any]:
     """In a fresh process: one update check, with a clock and a memory reading per phase."""
-    from edge_agent.ota import OtaUpdater, UpdateSettings, load_bundle
-    from edge_agent.paths import default_profiles_dir
+    from edge_agent.config import OtaSettings
+    from edge_agent.ota import OtaUpdater, load_bundle
     from edge_agent.profiles import ProfileStore
+    from edge_core.paths import default_profiles_dir
 
     marks: dict[str, float] = {}
     memory: dict[str, float] = {}
@@ -117,7 +118,7 @@ def _install(bundle: str, state: str, url: str) -> dict[str, Any]:
             Path("/proc/self/clear_refs").write_text("5")
 
     profile = ProfileStore(default_profiles_dir()).get("generic-x86_64")
-    settings = UpdateSettings(url=url, state_dir=Path(state))
+    settings = OtaSettings(state_dir=Path(state), url=url)
     updater = OtaUpdater(settings, load_bundle(Path(bundle)), profile, on_step=on_step)
     outcomes = updater.check()
     updater.close()

@@ -43,7 +43,6 @@ import numpy as np
 from edge_agent.assemble import create_agent
 from edge_agent.bench.hybrid import gateway_process
 from edge_agent.bench.mosquitto import Mosquitto
-from edge_agent.bench.report import machine_info, percentiles_ms, render_table
 from edge_agent.bench.service_daemon import (
     DEVICE,
     HEAVY,
@@ -68,9 +67,10 @@ from edge_agent.bench.service_imports import (
     measure_imports,
 )
 from edge_agent.config import AgentConfig
-from edge_agent.errors import EdgeError
-from edge_agent.package import ModelRepository
-from edge_agent.protocol.types import InferResponse
+from edge_core.errors import EdgeError
+from edge_core.package import ModelRepository
+from edge_core.protocol.types import InferResponse
+from edge_core.report import machine_info, percentiles_ms, render_table
 
 __all__ = ["ServiceSettings", "format_service", "run_service"]
 
@@ -243,7 +243,7 @@ class _BrokerTap:
     """Counts what the device publishes to the broker (its telemetry, its status)."""
 
     def __init__(self, port: int) -> None:
-        from edge_agent.mqtt import new_client
+        from edge_core.mqtt import new_client
 
         self.counts: Counter[str] = Counter()
         self._client = new_client("bench-tap", None, None, None)

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 import edge_agent
-from edge_agent.bench.report import free_port, stop_process
-from edge_agent.errors import EdgeError
-from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_response, encode_infer_request
-from edge_agent.protocol.types import InferRequest
+from edge_core.errors import EdgeError
+from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_response, encode_infer_request
+from edge_core.protocol.types import InferRequest
+from edge_core.report import free_port, stop_process
 
 PROFILE = "raspberry-pi-5"
 DEVICE = "bench-device"  # the device gateway_process enrolls
@@ -266,7 +266,7 @@ class GrpcClient:
     def __init__(self, port: int) -> None:
         import grpc
 
-        from edge_agent.protocol.grpc import pb, request_to_proto, response_from_proto
+        from edge_core.protocol.grpc import pb, request_to_proto, response_from_proto
 
         self._error = grpc.RpcError
         self._to_proto, self._from_proto = request_to_proto, response_from_proto

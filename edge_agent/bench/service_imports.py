@@ -17,7 +17,7 @@ from edge_agent.bench.service_daemon import (
     child_env,
     write_config,
 )
-from edge_agent.errors import EdgeError
+from edge_core.errors import EdgeError
 
 _PROBE = """
 import json, sys, time

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-import traceback
 from collections.abc import Sequence
 
 from edge_agent.cli import (
@@ -27,9 +25,9 @@ from edge_agent.cli import (
     service_cmd,
     update_cmd,
 )
-from edge_agent.errors import EdgeError
+from edge_core.cli import run_command
 
-__all__ = ["main", "run_command"]
+__all__ = ["main"]
 
 PROG = "edge-agent"
 
@@ -64,55 +62,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler], force=True
     )
-    return run_command(args)
-
-
-def run_command(
-    args: argparse.Namespace,
-    *,
-    prog: str = PROG,
-    expected: tuple[type[BaseException], ...] = (EdgeError,),
-) -> int:
-    """Run the parsed command (``args.run``); turn what it raises into an exit status.
-
-    ``expected`` errors (the package's own) print one line; anything else is a
-    bug and prints one line that says so (the traceback with ``--debug``); a
-    closed stdout pipe ends the command quietly. ``cloud-gateway`` shares it.
-    """
-    try:
-        code = int(args.run(args))
-        # Flush here, not at exit, so that a closed pipe is caught below.
-        sys.stdout.flush()
-        return code
-    except BrokenPipeError:
-        # The reader went away (`edge-agent ... | head -1`): not an error of ours.
-        # Point stdout at devnull so that the interpreter's final flush does not
-        # fail again and print a traceback on the way out.
-        _silence_stdout()
-        return 1  # as Python's own recipe does: the output was cut short
-    except expected as exc:
-        if args.debug:
-            traceback.print_exc()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # the last resort: a bug, told in one line
-        if args.debug:
-            traceback.print_exc()
-        print(
-            f"{prog}: error: {getattr(args, 'command', prog)} failed unexpectedly: "
-            f"{type(exc).__name__}: {exc} (run with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
-
-
-def _silence_stdout() -> None:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass  # stdout is not a real file (tests capture it): nothing to flush later
-    finally:
-        os.close(devnull)
+    return run_command(args, prog=PROG)

@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from edge_agent.bench.report import write_json
 from edge_agent.cli.common import CliError, add_model_dir, add_profiles_dir, resolve_profile
-from edge_agent.package import ModelRepository
-from edge_agent.paths import default_model_dir
-from edge_agent.runtime import installed_formats
+from edge_core.package import ModelRepository
+from edge_core.paths import default_model_dir
+from edge_core.report import write_json
+from edge_core.runtime import installed_formats
 
 SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service")
 

@@ -9,10 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edge_agent import profiles
+from edge_agent.assemble import resolve_profile as resolve_config_profile
 from edge_agent.config import AgentConfig, load_agent_config
-from edge_agent.errors import EdgeError
-from edge_agent.paths import default_model_dir, default_profiles_dir
-from edge_agent.profiles import Detection, DeviceProfile, ProfileStore, detect_profile
+from edge_agent.profiles import Detection, DeviceProfile, ProfileStore
+from edge_core.errors import EdgeError
+from edge_core.paths import default_model_dir, default_profiles_dir
 
 __all__ = [
     "CliError",
@@ -65,12 +67,12 @@ def profile_store(args: argparse.Namespace) -> ProfileStore:
 
 
 def resolve_profile(args: argparse.Namespace) -> tuple[DeviceProfile, Detection | None]:
-    """The profile named by ``--profile``, else the detected one."""
-    store = profile_store(args)
-    if getattr(args, "profile", None):
-        return store.get(args.profile), None
-    detection = detect_profile(list(store), Path(getattr(args, "root", None) or "/"))
-    return detection.profile, detection
+    """The profile named by ``--profile``, else the detected one (under ``--root``)."""
+    return profiles.resolve_profile(
+        getattr(args, "profile", None),
+        root=Path(getattr(args, "root", None) or "/"),
+        profiles_dir=getattr(args, "profiles_dir", None),
+    )
 
 
 def print_json(data: Any) -> None:
@@ -92,7 +94,6 @@ def agent_settings(args: argparse.Namespace) -> tuple[AgentConfig, DeviceProfile
     existing_model_dir(config.model_dir)
     if getattr(args, "profile", None):
         config = replace(config, profile=args.profile)
-    store = ProfileStore(getattr(args, "profiles_dir", None) or default_profiles_dir())
-    if config.profile:
-        return config, store.get(config.profile)
-    return config, detect_profile(list(store), config.root).profile
+    if getattr(args, "profiles_dir", None) is not None:
+        config = replace(config, profiles_dir=args.profiles_dir)
+    return config, resolve_config_profile(config)

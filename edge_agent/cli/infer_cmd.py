@@ -19,11 +19,11 @@ from edge_agent.cli.common import (
     print_json,
 )
 from edge_agent.config import AgentConfig
-from edge_agent.errors import InputError
-from edge_agent.package import ModelPackage, ModelRepository
 from edge_agent.policy.rules import LABELS
 from edge_agent.profiles import DeviceProfile
-from edge_agent.runtime import open_variant
+from edge_core.errors import InputError
+from edge_core.package import ModelPackage, ModelRepository
+from edge_core.runtime import open_variant
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 MAX_PRINTED_VALUES = 1000

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_agent.bench.report import render_table
 from edge_agent.cli.common import add_model_dir, existing_model_dir, print_json
-from edge_agent.package import ModelRepository
-from edge_agent.paths import default_model_dir
+from edge_core.package import ModelRepository
+from edge_core.paths import default_model_dir
+from edge_core.report import render_table
 
 
 def register(commands: Any) -> Any:

@@ -5,16 +5,16 @@
 :class:`ExitGuard` enforces the privacy rules where bytes leave.
 """
 
-from edge_agent.offload.base import TLSSettings, Transport
+from edge_agent.offload.base import Transport
 from edge_agent.offload.breaker import CircuitBreaker
 from edge_agent.offload.client import OffloadClient
 from edge_agent.offload.guard import ExitGuard
+from edge_core.tls import TLSSettings
 
 __all__ = [
     "CircuitBreaker",
     "ExitGuard",
     "OffloadClient",
-    "TLSSettings",
     "Transport",
     "make_transport",
 ]

@@ -14,22 +14,10 @@ translates its library's errors into the agent's offload errors:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from pathlib import Path
 
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse
 
-__all__ = ["TLSSettings", "Transport"]
-
-
-@dataclass(frozen=True)
-class TLSSettings:
-    """TLS to the gateway: the CA to trust, and a client certificate when it asks for one."""
-
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-    server_name: str | None = None  # override the name checked in the server's certificate
+__all__ = ["Transport"]
 
 
 class Transport(ABC):

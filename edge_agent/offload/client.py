@@ -23,18 +23,18 @@ import time
 import uuid
 from collections.abc import Callable
 
-from edge_agent.errors import (
-    BreakerOpen,
-    OffloadRejected,
-    OffloadTimeout,
-    OffloadUnavailable,
-)
 from edge_agent.offload.base import Transport
 from edge_agent.offload.breaker import CircuitBreaker
 from edge_agent.offload.guard import ExitGuard
 from edge_agent.policy.rules import PolicyRules
 from edge_agent.privacy import PrivacyInspector
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.errors import (
+    BreakerOpen,
+    OffloadRejected,
+    OffloadTimeout,
+    OffloadUnavailable,
+)
+from edge_core.protocol.types import InferRequest, InferResponse
 
 __all__ = ["OffloadClient"]
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge_agent.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
-from edge_agent.offload.base import TLSSettings, Transport
-from edge_agent.protocol.grpc import pb, request_to_proto, response_from_proto
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_agent.offload.base import Transport
+from edge_core.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
+from edge_core.protocol.grpc import pb, request_to_proto, response_from_proto
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.tls import TLSSettings
 
 __all__ = ["GrpcTransport"]
 

@@ -20,11 +20,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from edge_agent.errors import PrivacyRefusal
-from edge_agent.package import ImagePreprocessing
 from edge_agent.policy.rules import PolicyRules
 from edge_agent.privacy import PrivacyInspector
-from edge_agent.protocol.types import InferRequest
+from edge_core.errors import PrivacyRefusal
+from edge_core.package import ImagePreprocessing
+from edge_core.protocol.types import InferRequest
 
 __all__ = ["ExitGuard"]
 

@@ -17,14 +17,15 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
-from edge_agent.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
-from edge_agent.offload.base import TLSSettings, Transport
-from edge_agent.protocol.rest import (
+from edge_agent.offload.base import Transport
+from edge_core.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
+from edge_core.protocol.rest import (
     HEADER_LENGTH,
     decode_infer_response,
     encode_infer_request,
 )
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.tls import TLSSettings
 
 __all__ = ["ANSWER_MARGIN", "HttpTransport", "gateway_timeout_us"]
 

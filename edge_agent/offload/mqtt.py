@@ -15,16 +15,17 @@ import uuid
 import weakref
 from typing import Any
 
-from edge_agent.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
-from edge_agent.mqtt import MqttConnection, user_properties
+from edge_agent.mqtt import MqttConnection
 from edge_agent.offload.base import Transport
-from edge_agent.protocol.mqtt import (
+from edge_core.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
+from edge_core.mqtt import user_properties
+from edge_core.protocol.mqtt import (
     decode_response,
     encode_request,
     request_topic,
     response_topic,
 )
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse
 
 __all__ = ["MqttTransport"]
 
@@ -109,10 +110,8 @@ class MqttTransport(Transport):
                 properties=message.properties,
                 expiry_s=max(1, math.ceil(timeout)),
             )
-            if info.rc != 0:
-                raise OffloadUnavailable(
-                    f"the broker did not take the request (paho code {info.rc})"
-                )
+            if not info.ok:
+                raise OffloadUnavailable(f"the broker did not take the request: {info.error}")
             if not waiter.done.wait(timeout):
                 raise OffloadTimeout(f"no answer over MQTT within {timeout:.3f} s")
         finally:

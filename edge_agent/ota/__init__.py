@@ -1,8 +1,8 @@
 """Over-the-air model updates, the device's side.
 
-- :mod:`.crypto`: the encrypted blob and key wrapping (pure; shared with the publisher);
-- :mod:`.plan`: the gateway's unsigned plan, read strictly, and the model-name rule
-  and target paths (pure; shared with the publisher);
+The wire format (the encrypted blob, key wrapping, the plan, the model-name rule
+and target paths) is shared with the publisher: :mod:`edge_core.ota`.
+
 - :mod:`.bundle`: the enrollment bundle;
 - :mod:`.signed`: the signed metadata through python-tuf (withdrawals, key files);
 - :mod:`.fetch`: the plan with a size cap, blobs with resume and a length limit;
@@ -15,7 +15,7 @@
 
 from edge_agent.ota.bundle import Enrollment, load_bundle
 from edge_agent.ota.store import OtaStore, SlotInfo
-from edge_agent.ota.updater import OtaUpdater, UpdateOutcome, UpdateSettings, smoke_test
+from edge_agent.ota.updater import OtaUpdater, UpdateOutcome, smoke_test
 
 __all__ = [
     "Enrollment",
@@ -23,7 +23,6 @@ __all__ = [
     "OtaUpdater",
     "SlotInfo",
     "UpdateOutcome",
-    "UpdateSettings",
     "load_bundle",
     "smoke_test",
 ]

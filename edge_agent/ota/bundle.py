@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError
 
 __all__ = ["Enrollment", "load_bundle"]
 

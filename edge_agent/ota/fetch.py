@@ -8,7 +8,7 @@ download with an HTTP ``Range`` request from the bytes already there, never
 takes more than the length the signed metadata declares (a longer stream is
 refused as soon as the server announces or sends it), and can be held to a
 bandwidth cap. :func:`fetch_plan` reads the gateway's (unsigned) plan, never
-more than :data:`~edge_agent.ota.plan.MAX_PLAN_BYTES` of it. httpx's
+more than :data:`~edge_core.ota.plan.MAX_PLAN_BYTES` of it. httpx's
 exceptions are translated here.
 
 Every request asks for the body unencoded (``Accept-Encoding: identity``),
@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import DownloadError, DownloadRefused
-from edge_agent.ota.plan import MAX_PLAN_BYTES
+from edge_core.errors import DownloadError, DownloadRefused
+from edge_core.ota.plan import MAX_PLAN_BYTES
 
 __all__ = ["GatewayFetcher", "download_resumable", "fetch_plan"]
 

@@ -26,7 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import (
+from edge_agent.ota.bundle import Enrollment
+from edge_agent.ota.fetch import download_resumable
+from edge_agent.ota.signed import SignedMetadata
+from edge_agent.ota.smoke import smoke_test
+from edge_agent.ota.store import OtaStore, SlotInfo, open_package
+from edge_agent.profiles.schema import DeviceProfile
+from edge_core.errors import (
     DownloadError,
     DownloadRefused,
     EdgeError,
@@ -36,15 +42,9 @@ from edge_agent.errors import (
     SmokeTestError,
     UpdateError,
 )
-from edge_agent.ota.bundle import Enrollment
-from edge_agent.ota.crypto import unwrap_key, verify_blob
-from edge_agent.ota.fetch import download_resumable
-from edge_agent.ota.plan import payload_target
-from edge_agent.ota.signed import SignedMetadata
-from edge_agent.ota.smoke import smoke_test
-from edge_agent.ota.store import OtaStore, SlotInfo, open_package
-from edge_agent.package import ModelPackage
-from edge_agent.profiles.schema import DeviceProfile
+from edge_core.ota.crypto import unwrap_key, verify_blob
+from edge_core.ota.plan import payload_target
+from edge_core.package import ModelPackage
 
 __all__ = ["Installer"]
 

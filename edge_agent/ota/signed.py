@@ -3,7 +3,7 @@
 :func:`refresh` runs python-tuf's refresh (signatures from the trusted root,
 versions never going back, nothing expired, snapshot consistency) and returns
 a :class:`SignedMetadata` to ask about targets. python-tuf's exceptions are
-translated here, and only here, into :mod:`edge_agent.errors`.
+translated here, and only here, into :mod:`edge_core.errors`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import DownloadError, IntegrityError, MetadataError, NoKeyError
 from edge_agent.ota.fetch import GatewayFetcher
-from edge_agent.ota.plan import payload_target
+from edge_core.errors import DownloadError, IntegrityError, MetadataError, NoKeyError
+from edge_core.ota.plan import payload_target
 
 __all__ = ["SignedMetadata", "refresh"]
 

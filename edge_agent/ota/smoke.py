@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import EdgeError, SmokeTestError
-from edge_agent.package import ModelPackage
 from edge_agent.profiles.schema import DeviceProfile
-from edge_agent.runtime import open_best
+from edge_core.errors import EdgeError, SmokeTestError
+from edge_core.package import ModelPackage
+from edge_core.runtime import open_best
 
 __all__ = ["smoke_test"]
 

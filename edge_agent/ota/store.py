@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from edge_agent.errors import IntegrityError, ModelNotFoundError, PackageError, UpdateError
-from edge_agent.ota.crypto import PlaintextReader, iter_plaintext, unwrap_key
-from edge_agent.ota.plan import MODEL_NAME_RULE, is_model_name
-from edge_agent.package import ModelPackage, package_from_files
+from edge_core.errors import IntegrityError, ModelNotFoundError, PackageError, UpdateError
+from edge_core.names import MODEL_NAME_RULE, is_model_name
+from edge_core.ota.crypto import PlaintextReader, iter_plaintext, unwrap_key
+from edge_core.package import ModelPackage, package_from_files
 
 __all__ = ["OtaStore", "SlotInfo", "fsync_dir", "open_package"]
 

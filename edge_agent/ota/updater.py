@@ -5,7 +5,7 @@ time, across processes) and, for each model the gateway's plan names:
 
 1. refresh the signed metadata with python-tuf (signatures from the trusted
    root, versions never going back, nothing expired, snapshot consistency);
-   the plan is only a hint (:mod:`edge_agent.ota.plan`): a target it names
+   the plan is only a hint (:mod:`edge_core.ota.plan`): a target it names
    must be in signed metadata, for this device's group, not withdrawn, and
    newer than what is installed; a target published for device profiles
    (``models publish --profile``) that do not include this device's is
@@ -30,7 +30,7 @@ stays, and says why in the outcome and the log.
 
 Any failure leaves the active slot as it was and is reported. Verification
 of metadata is python-tuf's (pure, behind :mod:`edge_agent.ota.signed`);
-blob checks are :mod:`edge_agent.ota.crypto`'s (pure); steps 2-7 are
+blob checks are :mod:`edge_core.ota.crypto`'s (pure); steps 2-7 are
 :mod:`edge_agent.ota.install`'s; this module decides, per model, whether to
 install, stay or go back, and reports.
 """
@@ -43,50 +43,25 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import MetadataError, ModelNotFoundError, UpdateError
+from edge_agent.config import OtaSettings
 from edge_agent.ota.bundle import Enrollment
 from edge_agent.ota.fetch import fetch_plan
 from edge_agent.ota.install import Installer
-from edge_agent.ota.plan import PlanEntry, parse_plan, payload_target
 from edge_agent.ota.signed import SignedMetadata, refresh
 from edge_agent.ota.smoke import smoke_test
 from edge_agent.ota.store import OtaStore, SlotInfo
-from edge_agent.package import ModelPackage
 from edge_agent.profiles.schema import DeviceProfile
+from edge_core.errors import ConfigError, MetadataError, ModelNotFoundError, UpdateError
+from edge_core.ota.plan import PlanEntry, parse_plan, payload_target
+from edge_core.package import ModelPackage
 
-__all__ = ["OtaUpdater", "UpdateOutcome", "UpdateSettings", "not_for_profile", "smoke_test"]
+__all__ = ["OtaUpdater", "UpdateOutcome", "not_for_profile", "smoke_test"]
 
 log = logging.getLogger(__name__)
 
 REPORTED = ("installed", "failed", "rolled_back")
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """How the updater reaches the gateway and paces itself.
-
-    Attributes:
-        url: the gateway's REST base URL (``http://host:8000``).
-        state_dir: where slots, partial downloads and trusted metadata live.
-        interval_s, jitter_s: the periodic check (a random 0..jitter is added).
-        expiry_slack_s: accept metadata this long past its expiry (devices
-            without a real-time clock boot into the past or the future).
-        bandwidth: bytes per second for blob downloads (``None``: no cap).
-        attempts: download attempts (each resumes where the last stopped).
-        timeout_s: per request.
-    """
-
-    url: str
-    state_dir: Path
-    interval_s: float = 3600.0
-    jitter_s: float = 300.0
-    expiry_slack_s: float = 0.0
-    bandwidth: int | None = None
-    attempts: int = 4
-    timeout_s: float = 30.0
 
 
 @dataclass
@@ -128,7 +103,7 @@ def not_for_profile(custom: Any, profile: str) -> str | None:
 class OtaUpdater:
     def __init__(
         self,
-        settings: UpdateSettings,
+        settings: OtaSettings,
         enrollment: Enrollment,
         profile: DeviceProfile,
         *,
@@ -138,14 +113,23 @@ class OtaUpdater:
         on_step: Callable[[str], None] = lambda step: None,
         on_progress: Callable[[str, int, int], None] = lambda name, done, total: None,
     ) -> None:
+        """``settings.url`` (else the enrollment bundle's gateway) is the gateway's.
+
+        Raises:
+            ConfigError: neither names the gateway.
+        """
         import httpx
 
+        url = settings.url or enrollment.gateway
+        if not url:
+            raise ConfigError("the gateway's URL: set ota.url (the bundle has none)")
+        self.url = url.rstrip("/")
         self.settings = settings
         self.enrollment = enrollment
         self.profile = profile
         self.store = store or OtaStore(settings.state_dir / "ota")
         self.client = client or httpx.Client(
-            base_url=settings.url.rstrip("/"),
+            base_url=self.url,
             headers={"authorization": f"Bearer {enrollment.token}"},
             timeout=settings.timeout_s,
         )
@@ -161,7 +145,7 @@ class OtaUpdater:
             profile,
             attempts=settings.attempts,
             timeout_s=settings.timeout_s,
-            bandwidth=settings.bandwidth,
+            bandwidth=settings.bandwidth or None,
             on_step=lambda step: self.on_step(step),
             on_progress=lambda name, done, total: self.on_progress(name, done, total),
             on_installed=lambda name, package: self.on_installed(name, package),
@@ -171,7 +155,7 @@ class OtaUpdater:
 
     def _metadata(self) -> SignedMetadata:
         return refresh(
-            url=self.settings.url,
+            url=self.url,
             client=self.client,
             metadata_dir=self.store.metadata,
             downloads=self.store.downloads,
@@ -183,7 +167,7 @@ class OtaUpdater:
     # -- one check ------------------------------------------------------------------------
 
     def plan(self) -> list[PlanEntry]:
-        """The gateway's plan (at most :data:`~edge_agent.ota.plan.MAX_PLAN_BYTES`).
+        """The gateway's plan (at most :data:`~edge_core.ota.plan.MAX_PLAN_BYTES`).
 
         Raises:
             DownloadError: the gateway cannot be reached, or its plan is too

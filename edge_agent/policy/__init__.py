@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from edge_agent.policy.decide import Action, Decision, RequestFacts, decide
+from edge_agent.policy.reasons import Reason
 from edge_agent.policy.rules import (
     LABELS,
     ModelRule,
@@ -27,6 +28,7 @@ __all__ = [
     "ModelRule",
     "PolicyError",
     "PolicyRules",
+    "Reason",
     "RequestFacts",
     "decide",
     "load_policy",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from edge_agent.policy.reasons import Reason
 from edge_agent.policy.rules import PolicyRules
 
 __all__ = ["Action", "Decision", "RequestFacts", "decide", "expected_local_ms"]
@@ -159,45 +160,48 @@ def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
     if facts.local_confidence is not None:
         if rule.escalate_to is None or rule.escalate_below is None:
             return make(
-                Action.LOCAL, "no_escalation", "the model has no cloud model to escalate to"
+                Action.LOCAL, Reason.NO_ESCALATION, "the model has no cloud model to escalate to"
             )
         if facts.local_confidence >= rule.escalate_below:
             return make(
                 Action.LOCAL,
-                "confident",
+                Reason.CONFIDENT,
                 f"the local answer's confidence {facts.local_confidence:.2f} meets the "
                 f"threshold {rule.escalate_below:.2f}",
             )
         target = rule.escalate_to
-        cloud_reason, soft = "low_confidence", True
+        cloud_reason, soft = Reason.LOW_CONFIDENCE, True
         cloud_message = (
             f"the local answer's confidence {facts.local_confidence:.2f} is below "
             f"{rule.escalate_below:.2f}: the cloud's {target} answers"
         )
     elif rule.placement == "device":
         if local_ok:
-            return make(Action.LOCAL, "device_only", f"{facts.model} runs on the device only")
+            return make(Action.LOCAL, Reason.DEVICE_ONLY, f"{facts.model} runs on the device only")
         return make(
             Action.REJECT,
-            "device_only_unavailable",
+            Reason.DEVICE_ONLY_UNAVAILABLE,
             f"{facts.model} may run on the device only, and the device cannot run it now"
             + (" (above its critical temperature)" if local_blocked else ""),
         )
     elif rule.placement == "cloud":
-        cloud_reason, cloud_message = "cloud_only", f"{facts.model} runs in the cloud only"
+        cloud_reason, cloud_message = Reason.CLOUD_ONLY, f"{facts.model} runs in the cloud only"
     elif not facts.on_device:
-        cloud_reason, cloud_message = "not_on_device", f"the device does not have {facts.model}"
+        cloud_reason, cloud_message = (
+            Reason.NOT_ON_DEVICE,
+            f"the device does not have {facts.model}",
+        )
     elif not facts.fits_memory:
-        cloud_reason = "exceeds_memory_budget"
+        cloud_reason = Reason.EXCEEDS_MEMORY_BUDGET
         cloud_message = f"{facts.model} does not fit the device's memory budget"
     elif local_blocked:
-        cloud_reason = "thermal_critical"
+        cloud_reason = Reason.THERMAL_CRITICAL
         cloud_message = "the device is above its critical temperature: no local work"
     elif facts.throttled and rules.offload_when_throttled:
-        cloud_reason, soft = "thermal_throttled", True
+        cloud_reason, soft = Reason.THERMAL_THROTTLED, True
         cloud_message = "the device is throttling for heat"
     elif facts.cpu_load is not None and facts.cpu_load > rules.max_cpu_load:
-        cloud_reason, soft = "cpu_overloaded", True
+        cloud_reason, soft = Reason.CPU_OVERLOADED, True
         cloud_message = f"the CPU load {facts.cpu_load:.2f} is above {rules.max_cpu_load:.2f}"
     elif _fits(local_ms, facts, rules) is False and _fits(facts.remote_ms, facts, rules):
         queue = (
@@ -205,47 +209,49 @@ def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
             if facts.local_queue > 0
             else ""
         )
-        cloud_reason = "deadline_local_too_slow"
+        cloud_reason = Reason.DEADLINE_LOCAL_TOO_SLOW
         cloud_message = (
             f"locally ~{local_ms:.1f} ms{queue} would miss the {facts.deadline_ms:.1f} ms "
             f"deadline; the cloud takes ~{facts.remote_ms:.1f} ms"
         )
     elif rules.prefer == "cloud" and _fits(facts.remote_ms, facts, rules) is not False:
-        cloud_reason, soft = "prefer_cloud", True
+        cloud_reason, soft = Reason.PREFER_CLOUD, True
         cloud_message = "the policy prefers the cloud"
 
     if cloud_reason is None:
-        return make(Action.LOCAL, "prefer_local", "the device answers (the policy prefers local)")
+        return make(
+            Action.LOCAL, Reason.PREFER_LOCAL, "the device answers (the policy prefers local)"
+        )
 
     # 1: may it leave at all?
     if leave == "local":
         if facts.local_confidence is not None:
             return make(
                 Action.LOCAL,
-                "stays_on_device",
+                Reason.STAYS_ON_DEVICE,
                 f"the request is '{label}'{found}: it may not leave the device, so the local "
                 "answer stands",
             )
         if local_ok:
             return make(
                 Action.LOCAL,
-                "stays_on_device",
+                Reason.STAYS_ON_DEVICE,
                 f"{cloud_message}, but the request is '{label}'{found} and may not leave the "
                 "device",
             )
         return make(
             Action.REJECT,
-            "may_not_leave",
+            Reason.MAY_NOT_LEAVE,
             f"{cloud_message}, but the request is '{label}'{found} and may not leave the device",
         )
     if not facts.gateway:
         if soft and (local_ok or facts.local_confidence is not None):
             return make(
-                Action.LOCAL, "no_gateway", f"{cloud_message}, but this device has no gateway"
+                Action.LOCAL, Reason.NO_GATEWAY, f"{cloud_message}, but this device has no gateway"
             )
         return make(
             Action.REJECT,
-            "no_gateway",
+            Reason.NO_GATEWAY,
             f"{cloud_message}, but this device has no gateway to send it to",
         )
     # a preference for the cloud yields to a deadline the cloud would miss
@@ -256,14 +262,14 @@ def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
     ):
         return make(
             Action.LOCAL,
-            "deadline_remote_too_slow",
+            Reason.DEADLINE_REMOTE_TOO_SLOW,
             f"{cloud_message}, but the cloud's ~{facts.remote_ms:.1f} ms would miss the "
             f"{facts.deadline_ms:.1f} ms deadline",
         )
     # 4: is the cloud reachable?
     if not facts.online or facts.breaker_open:
         why = "the device is offline" if not facts.online else "the circuit breaker is open"
-        reason = "offline" if not facts.online else "breaker_open"
+        reason = Reason.OFFLINE if not facts.online else Reason.BREAKER_OPEN
         if local_ok or facts.local_confidence is not None:
             return make(
                 Action.LOCAL_DEGRADED,
@@ -271,7 +277,9 @@ def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
                 f"{cloud_message}, but {why}: the local model answers, marked degraded",
             )
         return make(
-            Action.REJECT, "cloud_unreachable", f"{cloud_message}, but {why} and it cannot run here"
+            Action.REJECT,
+            Reason.CLOUD_UNREACHABLE,
+            f"{cloud_message}, but {why} and it cannot run here",
         )
     if leave == "redact":
         return make(

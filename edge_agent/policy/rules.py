@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import ConfigError
-from edge_agent.fields import Fields, load_document
+from edge_core.errors import ConfigError
+from edge_core.fields import Fields, load_document
 
 __all__ = [
     "LABELS",

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.package import ImagePreprocessing
 from edge_agent.preprocess import ImageView, tensor_to_image
 from edge_agent.privacy.encoded import (
     carries_metadata,
@@ -33,6 +32,7 @@ from edge_agent.privacy.encoded import (
 from edge_agent.privacy.faces import Face, FaceDetector
 from edge_agent.privacy.redact import redact_faces
 from edge_agent.privacy.text import find_pii, mask_pii
+from edge_core.package import ImagePreprocessing
 
 __all__ = [
     "FaceDetector",

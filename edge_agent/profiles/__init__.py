@@ -7,6 +7,7 @@ from edge_agent.profiles.detect import (
     detect_profile,
     match_profile,
     read_facts,
+    resolve_profile,
 )
 from edge_agent.profiles.power import (
     Action,
@@ -43,4 +44,5 @@ __all__ = [
     "plan_power_mode",
     "read_facts",
     "read_temperatures",
+    "resolve_profile",
 ]

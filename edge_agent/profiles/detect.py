@@ -28,11 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import ProfileError
-from edge_agent.fields import is_decimal
-from edge_agent.profiles.schema import DeviceProfile
+from edge_agent.profiles.schema import DeviceProfile, ProfileStore
+from edge_core.errors import ProfileError
+from edge_core.fields import is_decimal
+from edge_core.paths import default_profiles_dir
 
-__all__ = ["Detection", "DeviceFacts", "detect_profile", "match_profile", "read_facts"]
+__all__ = [
+    "Detection",
+    "DeviceFacts",
+    "detect_profile",
+    "match_profile",
+    "read_facts",
+    "resolve_profile",
+]
 
 log = logging.getLogger(__name__)
 
@@ -227,3 +235,20 @@ def detect_profile(profiles: Iterable[DeviceProfile], root: Path = Path("/")) ->
         ProfileError: see :func:`read_facts` and :func:`match_profile`.
     """
     return match_profile(profiles, read_facts(root))
+
+
+def resolve_profile(
+    name: str | None, *, root: Path = Path("/"), profiles_dir: Path | None = None
+) -> tuple[DeviceProfile, Detection | None]:
+    """The profile named ``name``, else the one detected under ``root``, from the
+    profiles in ``profiles_dir`` (default: the bundled ones). Every command and
+    the service resolve a profile here, so the same arguments give the same one.
+
+    Raises:
+        ProfileError: no such profile, a profile file is wrong, or nothing matches.
+    """
+    store = ProfileStore(profiles_dir or default_profiles_dir())
+    if name:
+        return store.get(name), None
+    detection = detect_profile(list(store), root)
+    return detection.profile, detection

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_agent.errors import EdgeError
 from edge_agent.profiles.schema import DeviceProfile, PowerMode, ThermalZone
+from edge_core.errors import EdgeError
 
 __all__ = [
     "Action",

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import ProfileError
-from edge_agent.fields import Fields, load_document
-from edge_agent.package import FORMATS, PRECISIONS
-from edge_agent.runtime.base import GRAPH_OPTIMIZATION_LEVELS, DelegateSpec, RuntimeOptions
+from edge_core.errors import ProfileError
+from edge_core.fields import Fields, load_document
+from edge_core.package import FORMATS, PRECISIONS
+from edge_core.runtime.base import GRAPH_OPTIMIZATION_LEVELS, DelegateSpec, RuntimeOptions
 
 __all__ = [
     "ARCHITECTURES",

@@ -42,12 +42,12 @@ from edge_agent.assemble import (
     resolve_profile,
 )
 from edge_agent.config import AgentConfig, load_agent_config
-from edge_agent.errors import ConfigError, EdgeError
-from edge_agent.package import ModelRepository
 from edge_agent.service.frontend import LocalService
 from edge_agent.service.metrics import ServiceMetrics
 from edge_agent.service.notify import Notifier
 from edge_agent.service.thermal import ThermalController
+from edge_core.errors import ConfigError, EdgeError
+from edge_core.package import ModelRepository
 
 __all__ = ["Daemon"]
 

@@ -18,60 +18,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from edge_agent.agent import Agent
-from edge_agent.errors import (
-    EdgeError,
-    InputError,
-    ModelNotFoundError,
-    NoVariantError,
-    OffloadError,
-    OffloadTimeout,
-    PolicyRejected,
-    PrivacyRefusal,
-)
-from edge_agent.protocol.types import InferRequest, InferResponse
 from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
+from edge_core.errors import InputError, ModelNotFoundError, Stopping
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.status import status_of
 
-__all__ = ["LocalService", "Status", "Stopping", "status_of"]
+__all__ = ["LocalService"]
 
 log = logging.getLogger(__name__)
-
-
-class Stopping(EdgeError):
-    """The agent is stopping: no new requests."""
-
-
-@dataclass(frozen=True)
-class Status:
-    http: int
-    grpc: str  # a grpc.StatusCode member's name
-    kind: str
-
-
-# the first match wins: subclasses before their bases
-_TABLE: list[tuple[type[BaseException], Status]] = [
-    (PrivacyRefusal, Status(403, "PERMISSION_DENIED", "refused")),
-    (PolicyRejected, Status(403, "PERMISSION_DENIED", "refused")),
-    (InputError, Status(400, "INVALID_ARGUMENT", "bad_request")),
-    (ModelNotFoundError, Status(404, "NOT_FOUND", "not_found")),
-    (NoVariantError, Status(503, "UNAVAILABLE", "unavailable")),
-    (OffloadTimeout, Status(504, "DEADLINE_EXCEEDED", "deadline_exceeded")),
-    (OffloadError, Status(503, "UNAVAILABLE", "unavailable")),
-    (Stopping, Status(503, "UNAVAILABLE", "stopping")),
-    (EdgeError, Status(500, "INTERNAL", "internal")),
-]
-
-
-def status_of(exc: BaseException) -> tuple[Status, str]:
-    """The status of an error and the message for the caller (no traceback, ever)."""
-    for kind, status in _TABLE:
-        if isinstance(exc, kind):
-            return status, str(exc) or kind.__name__
-    return Status(500, "INTERNAL", "internal"), "internal error"
 
 
 def _label(request: InferRequest, header: str | None) -> str | None:
@@ -168,7 +126,7 @@ class LocalService:
         """Answer one request through the agent.
 
         Raises:
-            EdgeError: mapped to a status by :func:`status_of`.
+            EdgeError: mapped to a status by :func:`edge_core.status.status_of`.
         """
         rid = request_id or request.id or uuid.uuid4().hex
         token = current_request_id.set(rid)
@@ -189,7 +147,8 @@ class LocalService:
                     request_id=rid,
                 )
         except Exception as exc:
-            status, message = status_of(exc)
+            status = status_of(exc)
+            message = status.message
             decision = getattr(exc, "decision", None)
             action = decision.action.value if decision is not None else "error"
             reason = decision.reason if decision is not None else status.kind

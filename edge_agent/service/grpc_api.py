@@ -18,15 +18,16 @@ from typing import Any
 
 import grpc
 
-from edge_agent.protocol.grpc import (
+from edge_agent.service.frontend import LocalService
+from edge_agent.service.http_api import SERVER
+from edge_core.protocol.grpc import (
     Malformed,
     generic_handler,
     pb,
     request_from_proto,
     response_to_proto,
 )
-from edge_agent.service.frontend import LocalService, status_of
-from edge_agent.service.http_api import SERVER
+from edge_core.status import status_of
 
 __all__ = ["GrpcApi"]
 
@@ -131,7 +132,8 @@ def _guarded(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         try:
             return method(request, context)
         except Exception as exc:
-            status, message = status_of(exc)
+            status = status_of(exc)
+            message = status.message
             trailing = _decision_metadata(exc)
             if trailing:
                 context.set_trailing_metadata(trailing)

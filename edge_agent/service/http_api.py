@@ -22,11 +22,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from edge_agent.errors import InputError, ModelNotFoundError
-from edge_agent.fields import is_decimal
-from edge_agent.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
-from edge_agent.service.frontend import LocalService, status_of
+from edge_agent.service.frontend import LocalService
 from edge_agent.service.metrics import CONTENT_TYPE
+from edge_core.errors import InputError, ModelNotFoundError
+from edge_core.fields import is_decimal
+from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from edge_core.status import status_of
 
 __all__ = ["HttpApi"]
 
@@ -125,7 +126,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             out, header_length = encode_infer_response(response, request)
         except Exception as exc:
-            status, message = status_of(exc)
+            status = status_of(exc)
+            message = status.message
             document: dict[str, Any] = {"error": message}
             decision = getattr(exc, "decision", None)
             if decision is not None:

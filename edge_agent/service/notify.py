@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError
 
 __all__ = ["Notifier"]
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
-from edge_agent.errors import EdgeError
+from edge_core.errors import EdgeError
 
 __all__ = [
     "DEFAULT_CONFIG",

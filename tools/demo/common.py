@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.bench.report import stop_process
+from edge_core.report import stop_process
 
 Array = np.ndarray[Any, Any]
 Describe = Callable[[dict[str, Array]], str]
@@ -70,7 +70,7 @@ class TelemetryWatcher:
     """The operator's view of the broker: the devices' telemetry, counted by kind."""
 
     def __init__(self, port: int, password: str) -> None:
-        from edge_agent.mqtt import new_client
+        from edge_core.mqtt import new_client
 
         self.kinds: Counter[str] = Counter()
         self._lock = threading.Lock()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage, ModelRepository
 
 from .common import Array, DemoError, Describe
 
@@ -33,7 +33,7 @@ def choose_inputs(repository: ModelRepository) -> Inputs:
     from skimage import data
 
     from edge_agent.preprocess import decode_image, image_to_tensor
-    from edge_agent.runtime import RuntimeOptions, open_best
+    from edge_core.runtime import RuntimeOptions, open_best
 
     light, heavy = repository.get("digits-light"), repository.get("digits-heavy")
     x, truth = light.evaluation()

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.bench.report import render_table
 from edge_agent.cli.infer_cmd import read_input
-from edge_agent.package import ModelPackage, ModelRepository
-from edge_agent.runtime import RuntimeOptions, open_variant
+from edge_core.package import ModelPackage, ModelRepository
+from edge_core.report import render_table
+from edge_core.runtime import RuntimeOptions, open_variant
 
 from .common import Array
 from .inputs import Inputs

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edge_agent.errors import ConfigError
+from edge_core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

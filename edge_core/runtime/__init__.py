@@ -1,7 +1,7 @@
 """The runtime layer: one small interface (:class:`Session`), two backends.
 
-- :class:`~edge_agent.runtime.onnx.OnnxSession` runs ``.onnx`` variants on ONNX Runtime;
-- :class:`~edge_agent.runtime.litert.LiteRTSession` runs ``.tflite`` variants on LiteRT.
+- :class:`~edge_core.runtime.onnx.OnnxSession` runs ``.onnx`` variants on ONNX Runtime;
+- :class:`~edge_core.runtime.litert.LiteRTSession` runs ``.tflite`` variants on LiteRT.
 
 A backend's module (and its library) is imported only when a variant of its
 format is opened, so a device that runs one TFLite model never pays for ONNX
@@ -10,7 +10,7 @@ Runtime's memory.
 :func:`open_variant` loads one variant of a package, checks that the runtime's
 view of the model agrees with the manifest, and warms it up.
 :func:`open_best` walks the variants a profile ranks (see
-:mod:`edge_agent.runtime.selection`) and falls back to the next when one
+:mod:`edge_core.runtime.selection`) and falls back to the next when one
 cannot be loaded.
 """
 
@@ -20,11 +20,11 @@ import importlib
 import logging
 from collections.abc import Callable, Sequence
 
-from edge_agent.errors import BackendError, NoVariantError, PackageError
-from edge_agent.package import ModelPackage, Variant
-from edge_agent.runtime.base import DelegateSpec, RuntimeOptions, Session
-from edge_agent.runtime.selection import installed_formats, rank_variants
-from edge_agent.tensors import TensorSpec, format_shape
+from edge_core.errors import BackendError, NoVariantError, PackageError
+from edge_core.package import ModelPackage, Variant
+from edge_core.runtime.base import DelegateSpec, RuntimeOptions, Session
+from edge_core.runtime.selection import installed_formats, rank_variants
+from edge_core.tensors import TensorSpec, format_shape
 
 __all__ = [
     "DelegateSpec",
@@ -40,8 +40,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _BACKENDS = {
-    "onnx": ("edge_agent.runtime.onnx", "OnnxSession"),
-    "tflite": ("edge_agent.runtime.litert", "LiteRTSession"),
+    "onnx": ("edge_core.runtime.onnx", "OnnxSession"),
+    "tflite": ("edge_core.runtime.litert", "LiteRTSession"),
 }
 
 

@@ -10,8 +10,8 @@ import functools
 import importlib.util
 from collections.abc import Collection, Sequence
 
-from edge_agent.errors import NoVariantError
-from edge_agent.package import FORMATS, PRECISIONS, ModelPackage, Variant
+from edge_core.errors import NoVariantError
+from edge_core.package import FORMATS, PRECISIONS, ModelPackage, Variant
 
 __all__ = ["RUNTIME_MODULES", "installed_formats", "rank_variants"]
 

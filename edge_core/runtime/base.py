@@ -3,10 +3,10 @@
 Callers hand a session a mapping of input name to array and get a dict of
 output name to array. Before the runtime sees anything the inputs are
 validated against the session's :attr:`Session.inputs` (see
-:func:`edge_agent.tensors.validate_inputs`); quantized INT8/UINT8 tensors are
+:func:`edge_core.tensors.validate_inputs`); quantized INT8/UINT8 tensors are
 converted with their scale and zero point, so callers always pass and receive
 float arrays. Backends implement :meth:`Session._run` on validated arrays and
-translate their library's exceptions into :mod:`edge_agent.errors`.
+translate their library's exceptions into :mod:`edge_core.errors`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edge_agent.errors import ConfigError
-from edge_agent.tensors import Quantization, TensorSpec, validate_inputs
+from edge_core.errors import ConfigError
+from edge_core.tensors import Quantization, TensorSpec, validate_inputs
 
 __all__ = [
     "DelegateSpec",

@@ -24,14 +24,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from edge_agent.errors import ProtocolError
-from edge_agent.protocol.rest import (
+from edge_core.errors import ProtocolError
+from edge_core.protocol.rest import (
     decode_infer_request,
     decode_infer_response,
     encode_infer_request,
     encode_infer_response,
 )
-from edge_agent.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse
 
 __all__ = [
     "REQUEST_FILTER",

@@ -4,6 +4,6 @@
 and :mod:`.grpc` translate them to and from the two wire formats.
 """
 
-from edge_agent.protocol.types import InferRequest, InferResponse, RequestedOutput
+from edge_core.protocol.types import InferRequest, InferResponse, RequestedOutput
 
 __all__ = ["InferRequest", "InferResponse", "RequestedOutput"]

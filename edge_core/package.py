@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import ConfigError, ModelNotFoundError, PackageError
-from edge_agent.fields import Fields, is_decimal, load_document
-from edge_agent.tensors import DATATYPES, TensorSpec
+from edge_core.errors import ConfigError, ModelNotFoundError, PackageError
+from edge_core.fields import Fields, is_decimal, load_document
+from edge_core.tensors import DATATYPES, TensorSpec
 
 __all__ = [
     "FORMATS",

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import ProtocolError
-from edge_agent.protocol.types import (
+from edge_core.errors import ProtocolError
+from edge_core.protocol.types import (
     Array,
     InferRequest,
     InferResponse,
@@ -31,7 +31,7 @@ from edge_agent.protocol.types import (
     check_shape,
     element_count,
 )
-from edge_agent.tensors import datatype_of, numpy_dtype
+from edge_core.tensors import datatype_of, numpy_dtype
 
 __all__ = [
     "HEADER_LENGTH",

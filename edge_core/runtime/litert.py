@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import BackendUnavailableError, InferenceError, ModelLoadError
-from edge_agent.runtime.base import (
+from edge_core.errors import BackendUnavailableError, InferenceError, ModelLoadError
+from edge_core.runtime.base import (
     Array,
     DelegateSpec,
     RuntimeOptions,
@@ -35,7 +35,7 @@ from edge_agent.runtime.base import (
     dequantize,
     quantize,
 )
-from edge_agent.tensors import Quantization, TensorSpec, datatype_of
+from edge_core.tensors import Quantization, TensorSpec, datatype_of
 
 __all__ = ["LiteRTSession"]
 

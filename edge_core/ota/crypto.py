@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from edge_agent.errors import IntegrityError, NoKeyError
+from edge_core.errors import IntegrityError, NoKeyError
 
 __all__ = [
     "CHUNK_SIZE",

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import BackendUnavailableError, InferenceError, InputError, ModelLoadError
-from edge_agent.runtime.base import Array, RuntimeOptions, Session
-from edge_agent.tensors import TensorSpec
+from edge_core.errors import BackendUnavailableError, InferenceError, InputError, ModelLoadError
+from edge_core.runtime.base import Array, RuntimeOptions, Session
+from edge_core.tensors import TensorSpec
 
 __all__ = ["OnnxSession"]
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent.errors import InputError
+from edge_core.errors import InputError
 
 __all__ = [
     "DATATYPES",

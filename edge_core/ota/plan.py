@@ -5,20 +5,8 @@ check: it only says which models to look at now. Everything it could be used
 to force (a version to install, a version to leave) is decided by the signed
 metadata, so here the plan is only held to its shape and size: a body of at
 most :data:`MAX_PLAN_BYTES`, an object whose ``models`` is a list of objects,
-each with a model name (:data:`MODEL_NAME`) and an integer version >= 1. A
-plan that is anything else is refused whole, as a gateway fault.
-
-:data:`MODEL_NAME` is the one rule for model names, enforced where a name is
-published, where a plan names it and where the device makes a path of it:
-
-- one path segment of the portable file-name characters (letters, digits,
-  ``.``, ``_``, ``-``), so it is the same in a file name, a URL, a TUF target
-  path and an MQTT topic, with nothing to escape;
-- it starts with a letter or a digit (no hidden files, nothing that reads as a
-  command-line option) and holds no ``..`` (never ``.`` or ``..``, nothing that
-  reads as a parent directory);
-- at most 128 characters, far below a file name's 255 bytes with the
-  suffixes the repository adds (``<sha256>.<version>.json``).
+each with a model name (:mod:`edge_core.names`) and an integer version >= 1.
+A plan that is anything else is refused whole, as a gateway fault.
 
 This module is pure: no I/O.
 """
@@ -26,34 +14,21 @@ This module is pure: no I/O.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
-from edge_agent.errors import DownloadError
+from edge_core.errors import DownloadError
+from edge_core.names import MAX_VERSION, MODEL_NAME_RULE, is_model_name
 
 __all__ = [
     "MAX_PLAN_BYTES",
-    "MAX_VERSION",
-    "MODEL_NAME",
-    "MODEL_NAME_RULE",
     "PlanEntry",
-    "is_model_name",
     "key_target",
     "parse_plan",
     "payload_target",
 ]
 
 MAX_PLAN_BYTES = 64 * 1024
-MODEL_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-MODEL_NAME_RULE = (
-    "1-128 letters, digits, '.', '_' or '-', starting with a letter or a digit, without '..'"
-)
-MAX_VERSION = 2**63 - 1  # what SQLite and JSON peers hold as an integer
-
-
-def is_model_name(name: object) -> TypeGuard[str]:
-    return isinstance(name, str) and MODEL_NAME.fullmatch(name) is not None
 
 
 def payload_target(name: str, version: int) -> str:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.errors import ProtocolError
-from edge_agent.tensors import DATATYPES, numpy_dtype
+from edge_core.errors import ProtocolError
+from edge_core.tensors import DATATYPES, numpy_dtype
 
 __all__ = [
     "InferRequest",

@@ -1,9 +1,12 @@
-"""The error tree of ``edge_agent``.
+"""The one error tree of the project: the device (``edge_agent``), the gateway
+(``cloud_gateway``) and what they share (``edge_core``).
 
-Every error the package raises derives from :class:`EdgeError`; errors of the
-libraries underneath (ONNX Runtime, LiteRT, file parsers) are translated at
-the seam where they are called, with ``raise ... from exc``, so callers only
-ever catch these::
+Every error either side raises derives from :class:`EdgeError`; errors of the
+libraries underneath (ONNX Runtime, LiteRT, grpc, paho, httpx, cryptography,
+python-tuf, file parsers) are translated at the seam where they are called,
+with ``raise ... from exc``, so callers only ever catch these. Every front end
+(the gateway's REST, gRPC and MQTT, the agent's local HTTP and gRPC) answers
+them with the status :func:`edge_core.status.status_of` gives::
 
     EdgeError
     ├── ConfigError              a configuration file is missing, malformed or wrong
@@ -27,10 +30,20 @@ ever catch these::
     │   ├── IntegrityError       a blob's length, hash or authentication tag is wrong
     │   ├── NoKeyError           no data key this device can unwrap (another group's model)
     │   └── SmokeTestError       the new model failed its smoke test (rolled back)
-    └── BackendError             the inference runtime failed
-        ├── BackendUnavailableError   the runtime library is not installed
-        ├── ModelLoadError            the runtime refused the model
-        └── InferenceError            the runtime failed while running it
+    ├── BackendError             the inference runtime failed
+    │   ├── BackendUnavailableError   the runtime library is not installed
+    │   ├── ModelLoadError            the runtime refused the model
+    │   └── InferenceError            the runtime failed while running it
+    └── RequestError             a server answers a request with this status
+        ├── BadRequest           malformed body, name, version, parameter
+        ├── Unauthenticated      missing, wrong or revoked token
+        ├── PermissionDenied     the token may not do this
+        ├── NotFound             unknown model or version
+        ├── PayloadTooLarge      body over the configured limit
+        ├── RateLimited          the device's rate limit is spent
+        ├── Unavailable          model not ready, no engine
+        │   └── Stopping         the server is stopping: no new requests
+        └── DeadlineExceeded     the request's deadline passed
 """
 
 from __future__ import annotations
@@ -40,9 +53,12 @@ from pathlib import Path
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
+    "BadRequest",
     "BreakerOpen",
     "ConfigError",
+    "DeadlineExceeded",
     "DownloadError",
+    "DownloadRefused",
     "EdgeError",
     "InferenceError",
     "InputError",
@@ -52,22 +68,30 @@ __all__ = [
     "ModelNotFoundError",
     "NoKeyError",
     "NoVariantError",
+    "NotFound",
     "OffloadError",
     "OffloadRejected",
     "OffloadTimeout",
     "OffloadUnavailable",
     "PackageError",
+    "PayloadTooLarge",
+    "PermissionDenied",
     "PolicyRejected",
     "PrivacyRefusal",
     "ProfileError",
     "ProtocolError",
+    "RateLimited",
+    "RequestError",
     "SmokeTestError",
+    "Stopping",
+    "Unauthenticated",
+    "Unavailable",
     "UpdateError",
 ]
 
 
 class EdgeError(Exception):
-    """Base of every error raised by ``edge_agent``."""
+    """Base of every error the project raises."""
 
 
 class ConfigError(EdgeError):
@@ -207,3 +231,43 @@ class NoKeyError(UpdateError):
 
 class SmokeTestError(UpdateError):
     """The new model failed its smoke test and was not activated."""
+
+
+class RequestError(EdgeError):
+    """A server answers the request with the status of this error's class."""
+
+
+class BadRequest(RequestError):
+    pass
+
+
+class Unauthenticated(RequestError):
+    pass
+
+
+class PermissionDenied(RequestError):
+    pass
+
+
+class NotFound(RequestError):
+    pass
+
+
+class PayloadTooLarge(RequestError):
+    pass
+
+
+class RateLimited(RequestError):
+    pass
+
+
+class Unavailable(RequestError):
+    pass
+
+
+class Stopping(Unavailable):
+    """The server is stopping: no new requests."""
+
+
+class DeadlineExceeded(RequestError):
+    pass

@@ -1,0 +1,442 @@
+"""The agent's request pipeline: :meth:`Agent.infer` runs the steps of the
+package's docstring (:mod:`edge_agent.agent`), each a method of its own; the
+state lives with its owner (the models, the facts, the fallback, the stats).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent.agent.facts import FactSheet
+from edge_agent.agent.fallback import Fallback, ResultCache, degrade
+from edge_agent.agent.models import LocalModel, LocalModels, Timing
+from edge_agent.agent.result import AgentResult, Request
+from edge_agent.agent.sources import ModelSource
+from edge_agent.agent.stats import AgentStats
+from edge_agent.offload.client import OffloadClient
+from edge_agent.policy import LABELS, Action, Decision, PolicyRules, Reason, decide
+from edge_agent.privacy import Findings, PrivacyInspector
+from edge_agent.profiles.schema import DeviceProfile
+from edge_agent.profiles.state import DeviceState, Sampled, read_device_state
+from edge_core.errors import (
+    DeadlineExceeded,
+    InputError,
+    ModelNotFoundError,
+    OffloadError,
+    OffloadTimeout,
+    OffloadUnavailable,
+    PolicyRejected,
+    PrivacyRefusal,
+)
+from edge_core.names import check_model_name
+from edge_core.package import ModelPackage
+from edge_core.protocol.types import InferRequest
+from edge_core.tensors import datatype_of, format_shape
+
+__all__ = ["DEFAULT_POLICY", "Agent"]
+
+DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policy" / "default.toml"
+
+log = logging.getLogger(__name__)
+
+Array = np.ndarray[Any, Any]
+
+
+class Agent:
+    """Answers inference requests on the device or in the cloud, per the policy."""
+
+    def __init__(
+        self,
+        *,
+        profile: DeviceProfile,
+        repository: ModelSource,
+        rules: PolicyRules,
+        offload: OffloadClient | None = None,
+        inspector: PrivacyInspector | None = None,
+        cache_entries: int = 256,
+        deadline_ms: float = 1000.0,
+        device_state: Callable[[], DeviceState] | None = None,
+        online: Callable[[], bool] = lambda: True,
+        root: Path = Path("/"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``online`` tells whether the device has a network link at all (e.g. the MQTT
+        connection's state); ``device_state`` its heat and load (by default read under
+        ``root`` at most once a second)."""
+        self.profile = profile
+        self.rules = rules
+        self.inspector = inspector or PrivacyInspector(None)
+        self.deadline_ms = deadline_ms
+        self.models = LocalModels(profile, repository, clock=clock)
+        self.stats = AgentStats()
+        self.cache = ResultCache(cache_entries)
+        self.facts = FactSheet(self.models, offload, online=online, clock=clock)
+        self.fallback = Fallback(
+            self.models, rules, self.cache, count=self.stats.decided, clock=clock
+        )
+        self._device_state = device_state or Sampled(
+            lambda: read_device_state(profile, root), clock=clock
+        )
+        self._clock = clock
+        self.power_mode = profile.default_power_mode
+
+    @property
+    def offload(self) -> OffloadClient | None:
+        """The client that sends requests to the gateway (``None``: local only)."""
+        return self.facts.offload
+
+    @offload.setter
+    def offload(self, client: OffloadClient | None) -> None:
+        self.facts.offload = client
+
+    # -- the models, for callers -----------------------------------------------------------
+
+    def package(self, model: str) -> ModelPackage | None:
+        """The package of ``model`` the agent serves (``None``: not on the device)."""
+        return self.models.package(model)
+
+    def local_model(self, model: str) -> LocalModel:
+        """The loaded local model (loaded and warmed up on first use).
+
+        Raises:
+            ModelNotFoundError, NoVariantError: the device cannot run it.
+        """
+        return self.models.get(model)
+
+    def reload(self, model: str, package: ModelPackage | None = None) -> None:
+        """Swap in a new version of ``model``: see :meth:`LocalModels.reload`."""
+        self.models.reload(model, package)
+
+    def prefer_precision(self, precision: str | None) -> None:
+        """Prefer ``precision`` (``int8`` when hot), or the profile's order (``None``)."""
+        self.models.prefer_precision(precision)
+
+    def loaded(self) -> dict[str, dict[str, Any]]:
+        """The models loaded on the device: their versions and variants."""
+        return self.models.loaded()
+
+    def backend_of(self, model: str) -> str | None:
+        return self.models.backend_of(model)
+
+    def device_state(self) -> DeviceState:
+        return self._device_state()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        label: str | None = None,
+        deadline_ms: float | None = None,
+        request_id: str | None = None,
+        version: int | None = None,
+    ) -> AgentResult:
+        """Answer one request.
+
+        Raises:
+            BadRequest: the model name breaks the naming rule.
+            InputError: the inputs do not fit the model (an empty batch is refused
+                before anything runs), or the label is unknown.
+            ModelNotFoundError: the device has the model, but not ``version``.
+            PolicyRejected: the policy refuses it (the decision says why).
+            PrivacyRefusal: the exit guard refused to let the data leave.
+            DeadlineExceeded: the deadline passed before the model could run.
+            OffloadError: the cloud failed and no fallback could answer.
+        """
+        request = self._accept(model, inputs, label, deadline_ms, request_id, version)
+        decision, findings = self._decide(request)  # 1-2: decide, look only when it would leave
+        self.stats.decided(decision)
+        log.debug(
+            "request %s for %s: %s (%s)",
+            request.request_id,
+            model,
+            decision.action.value,
+            decision.reason,
+        )
+        if decision.action == Action.REJECT:
+            result = self._refuse(request, decision, findings)
+        elif decision.action in (Action.LOCAL, Action.LOCAL_DEGRADED):
+            result = self._run_here(request, decision, findings)  # 3, and maybe escalate
+        else:
+            result = self._send(request, decision, findings)  # 3 offload, 4 fall back
+        self.stats.answered(
+            result.where, result.latency_ms, degraded=result.degraded, cached=result.cached
+        )
+        return result
+
+    def explain(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        label: str | None = None,
+        deadline_ms: float | None = None,
+    ) -> tuple[Decision, Findings]:
+        """The decision for this request and the findings behind it, without running a model."""
+        request = self._accept(model, inputs, label, deadline_ms, None, None)
+        package = self.models.package(model)
+        findings = self.inspector.inspect(
+            request.arrays, package.preprocessing if package else None
+        )
+        facts = self.facts.of(model, label, findings, request.deadline, request.state)
+        return decide(facts, self.rules), findings
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def _accept(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        label: str | None,
+        deadline_ms: float | None,
+        request_id: str | None,
+        version: int | None,
+    ) -> Request:
+        """The request, checked before anything is looked up or runs.
+
+        Raises:
+            BadRequest, InputError, ModelNotFoundError: see :meth:`infer`.
+        """
+        started = self._clock()
+        check_model_name(model)
+        if label is not None and label not in LABELS:
+            raise InputError(f"unknown label {label!r:.40}; expected one of {', '.join(LABELS)}")
+        if version is not None:
+            package = self.models.package(model)
+            if package is not None and package.version != version:
+                raise ModelNotFoundError(
+                    f"model {model!r} has no version {version} on this device "
+                    f"(it serves version {package.version})"
+                )
+        return Request(
+            model=model,
+            arrays=_arrays(inputs),
+            label=label,
+            deadline=started + (deadline_ms or self.deadline_ms) / 1000,
+            request_id=request_id or uuid.uuid4().hex,
+            timing=Timing(started),
+            state=self._device_state(),
+            version=version,
+        )
+
+    def _decide(
+        self, request: Request, confidence: float | None = None
+    ) -> tuple[Decision, Findings]:
+        """Decide without looking into the data; if the data would leave, look, decide again."""
+        findings = Findings()
+        facts = self.facts.of(
+            request.model, request.label, findings, request.deadline, request.state, confidence
+        )
+        decision = decide(facts, self.rules)
+        if decision.leaves_device:
+            package = self.models.package(decision.model) or self.models.package(request.model)
+            findings = self.inspector.inspect(
+                request.arrays, package.preprocessing if package else None
+            )
+            if findings.kinds:
+                facts = self.facts.of(
+                    request.model,
+                    request.label,
+                    findings,
+                    request.deadline,
+                    request.state,
+                    confidence,
+                )
+                decision = decide(facts, self.rules)
+        return decision, findings
+
+    def _refuse(self, request: Request, decision: Decision, findings: Findings) -> AgentResult:
+        """REJECT: refused, unless the cloud was wanted and only unreachable, when a
+        local stand-in answers as it would for a failed offload."""
+        if decision.reason == Reason.CLOUD_UNREACHABLE:
+            try:
+                return self.fallback.answer(
+                    request,
+                    decision,
+                    OffloadUnavailable(decision.message),
+                    findings,
+                    reason=decision.reason,
+                )
+            except OffloadError:
+                pass
+        raise PolicyRejected(f"{decision.reason}: {decision.message}", decision=decision)
+
+    def _run_here(self, request: Request, decision: Decision, findings: Findings) -> AgentResult:
+        """LOCAL (or LOCAL_DEGRADED); a model that escalates asks the policy again with
+        its answer's confidence, and below the threshold the cloud's model answers."""
+        local = self.models.get(request.model, request.timing)
+        self._check_deadline(request)
+        outputs = self.models.run(local, request.arrays)
+        degraded = decision.action == Action.LOCAL_DEGRADED
+        if not degraded and decision.escalate_to is not None:
+            second, findings = self._decide(request, _confidence(outputs))
+            if (second.action, second.reason) != (decision.action, decision.reason):
+                decision = second  # what was decided knowing the confidence
+                self.stats.decided(second)
+            if second.leaves_device:
+                try:
+                    answer = self._offload(request, second, findings, request.deadline)
+                except PrivacyRefusal:
+                    raise
+                except OffloadError as exc:  # the local answer stands, degraded
+                    decision = degrade(second, request.model, exc)
+                    self.stats.decided(decision)
+                    return self._local_answer(
+                        request, decision, outputs, local, findings, True, str(exc)
+                    )
+                return self._cloud_answer(request, second, answer, findings, escalated=True)
+            degraded = second.action == Action.LOCAL_DEGRADED
+        return self._local_answer(request, decision, outputs, local, findings, degraded)
+
+    def _send(self, request: Request, decision: Decision, findings: Findings) -> AgentResult:
+        """OFFLOAD (or OFFLOAD_REDACTED), keeping time for a local stand-in; when the
+        cloud fails, the fallback's tiers answer."""
+        self._check_deadline(request)
+        try:
+            reserve = self.fallback.reserve_s(request.model, request.version, request.timing)
+            outputs = self._offload(request, decision, findings, request.deadline - reserve)
+        except PrivacyRefusal:
+            raise
+        except OffloadError as exc:
+            return self.fallback.answer(request, decision, exc, findings)
+        return self._cloud_answer(request, decision, outputs, findings)
+
+    def _offload(
+        self, request: Request, decision: Decision, findings: Findings, deadline: float
+    ) -> dict[str, Array]:
+        """Send it to the cloud (a redacted copy when the decision says so)."""
+        if self.offload is None:
+            raise OffloadError("no gateway is configured")
+        if self._clock() >= deadline:
+            raise OffloadTimeout("no time left for the cloud before the deadline")
+        arrays = request.arrays
+        redacted = decision.action == Action.OFFLOAD_REDACTED
+        if redacted:
+            package = self.models.package(decision.model)
+            arrays, after = self.inspector.redact(
+                arrays, findings, package.preprocessing if package else None
+            )
+            if after.kinds:
+                raise PrivacyRefusal(
+                    f"redaction left {', '.join(sorted(after.kinds))} identifiable; not sent"
+                )
+        outgoing = InferRequest(
+            inputs=arrays,
+            datatypes={name: datatype_of(a.dtype) for name, a in arrays.items()},
+            model_name=decision.model,
+            model_version=str(request.version)
+            if request.version is not None and decision.model == request.model
+            else "",
+            id=request.request_id,
+        )
+        started = self._clock()
+        response = self.offload.infer(
+            outgoing,
+            deadline=deadline,
+            label=request.label,
+            redacted=redacted,
+            request_id=request.request_id,
+        )
+        self.facts.observe_remote(decision.model, (self._clock() - started) * 1000)
+        return response.outputs
+
+    def _check_deadline(self, request: Request) -> None:
+        """Raises DeadlineExceeded when the request's time is up before its work starts
+        (as the gateway fails a request whose deadline passes in its queue)."""
+        now = self._clock()
+        if now >= request.deadline:
+            raise DeadlineExceeded(
+                f"the request's deadline passed before {request.model!r} could run "
+                f"({request.timing.latency_ms(now):.3f} ms in)"
+            )
+
+    def _local_answer(
+        self,
+        request: Request,
+        decision: Decision,
+        outputs: dict[str, Array],
+        local: LocalModel,
+        findings: Findings,
+        degraded: bool,
+        error: str | None = None,
+    ) -> AgentResult:
+        return request.answer(
+            decision,
+            outputs,
+            where="device",
+            model=request.model,
+            version=local.package.version,
+            variant=local.variant.id,
+            findings=findings,
+            degraded=degraded,
+            error=error,
+            now=self._clock,
+        )
+
+    def _cloud_answer(
+        self,
+        request: Request,
+        decision: Decision,
+        outputs: dict[str, Array],
+        findings: Findings,
+        *,
+        escalated: bool = False,
+    ) -> AgentResult:
+        # kept to stand in when the cloud fails again (after the local stand-ins, which
+        # would answer a local answer's input again themselves): hashing every local
+        # request's input (an image: ~0.2 ms) would be waste
+        self.cache.put(ResultCache.key(decision.model, request.arrays), outputs)
+        package = self.models.package(decision.model)
+        return request.answer(
+            decision,
+            outputs,
+            where="cloud",
+            model=decision.model,
+            version=package.version if package is not None else None,
+            findings=findings,
+            escalated=escalated,
+            now=self._clock,
+        )
+
+    def close(self) -> None:
+        self.models.close()
+        if self.offload is not None:
+            self.offload.close()
+
+
+def _confidence(outputs: dict[str, Array]) -> float:
+    """The least confident row's top score, of the model's first output."""
+    scores = next(iter(outputs.values()))
+    return float(scores.reshape(len(scores), -1).max(axis=-1).min())
+
+
+def _arrays(inputs: Mapping[str, Any]) -> dict[str, Array]:
+    """The inputs as arrays; an empty batch is refused before anything runs.
+
+    Raises:
+        InputError: an input has no rows, or is not an array (a ragged list).
+    """
+    arrays = {}
+    for name, value in inputs.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except ValueError as exc:  # e.g. [[1, 2], [3]]
+            raise InputError(
+                f"input {name!r} is not a tensor: {exc} (expected rows of equal length)"
+            ) from None
+    for name, array in arrays.items():
+        if array.ndim >= 1 and array.shape[0] == 0:
+            raise InputError(
+                f"input {name!r} is an empty batch (shape {format_shape(array.shape)}): "
+                "at least one row is expected"
+            )
+    return arrays

@@ -1,0 +1,46 @@
+"""TLS settings, on both sides: the CA a client trusts and its own certificate.
+
+The agent uses them for the gateway and the broker, the gateway for the broker;
+every configuration reads its ``tls`` tables with :func:`read_tls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_core.fields import Fields
+
+__all__ = ["TLSSettings", "read_tls"]
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """TLS to a server: the CA to trust, and a client certificate when it asks for one."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str | None = None  # override the name checked in the server's certificate
+
+
+def read_tls(fields: Fields, resolve: Callable[[str], Path]) -> TLSSettings | None:
+    """The ``tls`` table of ``fields`` (``None`` when absent).
+
+    Raises:
+        ConfigError: a field is wrong, or ``cert`` comes without ``key``.
+    """
+    if not fields.has("tls"):
+        return None
+    t = fields.table("tls")
+    tls = TLSSettings(
+        ca=resolve(t.string("ca")) if t.has("ca") else None,
+        cert=resolve(t.string("cert")) if t.has("cert") else None,
+        key=resolve(t.string("key")) if t.has("key") else None,
+        server_name=t.string("server_name", None),
+    )
+    if (tls.cert is None) != (tls.key is None):
+        raise t.fail("cert", "cert and key go together")
+    t.done()
+    return tls
