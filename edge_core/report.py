@@ -6,8 +6,6 @@ import json
 import os
 import platform
 import resource
-import socket
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,34 +13,12 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "free_port",
     "machine_info",
     "peak_rss_mb",
     "percentiles_ms",
     "render_table",
-    "stop_process",
     "write_json",
 ]
-
-
-def stop_process(process: subprocess.Popen[Any], timeout: float = 10.0) -> int:
-    """Stop a child process as a service manager would: SIGTERM, then SIGKILL after
-    ``timeout`` seconds; its exit status."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return int(process.returncode)
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (for a server started next)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def percentiles_ms(samples_ns: Sequence[int] | np.ndarray[Any, Any]) -> dict[str, float]:

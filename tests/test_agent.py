@@ -26,7 +26,8 @@ from edge_core.package import ModelPackage, ModelRepository
 from edge_core.protocol.types import InferRequest
 from edge_core.runtime import RuntimeOptions
 
-from .conftest import MODELS, PROFILES, GatewayHandle, start_gateway
+from .support.gateway import GatewayHandle, start_gateway
+from .support.paths import MODELS, PROFILES
 from .test_gateway import direct, metric
 
 RULES = load_policy(DEFAULT_POLICY)

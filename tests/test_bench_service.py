@@ -12,7 +12,7 @@ import pytest
 
 from edge_agent.bench.service import ServiceSettings, format_service, run_service
 
-from .conftest import MODELS
+from .support.paths import MODELS
 
 SETTINGS = ServiceSettings(
     requests=30, warmup=5, starts=2, idle_s=0.5, soak_s=3.0, sample_every_s=1.0

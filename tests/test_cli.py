@@ -12,7 +12,7 @@ import pytest
 from edge_core.cli import run_command
 from edge_core.package import ModelRepository
 
-from .conftest import make_root
+from .support.roots import make_root
 
 
 def cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:

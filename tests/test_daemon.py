@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from edge_core.package import ModelRepository
-from edge_core.report import free_port, stop_process
+from edge_core.processes import free_port, stop_process
 
-from .conftest import MODELS, ROOT, make_root
+from .support.paths import MODELS, ROOT
+from .support.roots import make_root
 
 LIGHT = ModelRepository(MODELS).get("digits-light")
 

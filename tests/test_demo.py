@@ -9,7 +9,7 @@ import sys
 
 from edge_core.package import ModelRepository
 
-from .conftest import ROOT
+from .support.paths import ROOT
 
 
 def test_the_demo_shows_every_decision_and_an_update(fetched: ModelRepository) -> None:

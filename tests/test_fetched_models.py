@@ -14,7 +14,7 @@ from edge_agent.preprocess import decode_image, image_to_tensor
 from edge_core.package import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_best, open_variant
 
-from .conftest import ROOT
+from .support.paths import ROOT
 
 OPTIONS = RuntimeOptions(threads=1, warmup=1)
 

@@ -23,7 +23,8 @@ from cloud_gateway.repository import EmbeddedBackend, LoadedModel
 from edge_core.package import ModelPackage, ModelRepository
 from edge_core.runtime import RuntimeOptions
 
-from .conftest import MODELS, GatewayHandle, start_gateway
+from .support.gateway import GatewayHandle, start_gateway
+from .support.paths import MODELS
 
 
 def heldout(n: int = 8) -> np.ndarray:

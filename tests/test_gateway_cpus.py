@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from cloud_gateway import cpus
-from cloud_gateway.bench import NoOpBackend
 from cloud_gateway.config import load_config
+from cloud_gateway.repository import Backend, EmbeddedBackend
 from edge_core.errors import ConfigError
 from edge_core.package import ModelPackage
+from edge_core.runtime import RuntimeOptions
 
-from .conftest import MODELS, start_gateway
+from .support.gateway import start_gateway
+from .support.paths import MODELS
 
 CORES = sorted(cpus.available())
 needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs two CPU cores")
@@ -48,14 +50,15 @@ def test_config_gives_one_runtime_thread_per_inference_core(tmp_path: Path) -> N
     assert "inference_cpus" in str(refused.value) and "4096" in str(refused.value)
 
 
-class RecordingBackend(NoOpBackend):
-    """Answers zeros and notes the cores of the thread that ran each request."""
+class RecordingBackend:
+    """The embedded backend, noting the cores of the thread that ran each request."""
 
-    def __init__(self) -> None:
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
         self.seen: list[tuple[str, frozenset[int]]] = []
 
     def load(self, package: ModelPackage) -> Any:
-        model = super().load(package)
+        model = self.inner.load(package)
         run = model.run
 
         def recording(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -69,7 +72,7 @@ class RecordingBackend(NoOpBackend):
 @needs_two_cores
 def test_inference_runs_on_its_cores_and_the_front_ends_on_the_others(tmp_path: Path) -> None:
     inference = (CORES[-1],)
-    backend = RecordingBackend()
+    backend = RecordingBackend(EmbeddedBackend(RuntimeOptions(threads=1, warmup=1)))
     handle = start_gateway(tmp_path, MODELS, backend=backend, inference_cpus=inference)
     try:
 

@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from .conftest import GatewayHandle
+from .support.gateway import GatewayHandle
 
 
 def test_no_server_errors_from_generated_requests(gateway: GatewayHandle) -> None:

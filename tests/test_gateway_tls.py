@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from cloud_gateway.config import ServerTLSSettings
 
-from .conftest import start_gateway
+from .support.gateway import start_gateway
 from .test_gateway import small_repository
 
 

@@ -26,7 +26,6 @@ from cloud_gateway import GatewayConfig, GatewayThread
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import MqttBridgeSettings
 from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
-from edge_agent.bench.mosquitto import Mosquitto
 from edge_agent.fleet import FleetLink
 from edge_agent.mqtt import MqttConnection
 from edge_agent.offload import make_transport
@@ -44,7 +43,8 @@ from edge_core.protocol.mqtt import (
 )
 from edge_core.protocol.types import InferRequest, InferResponse
 
-from .conftest import MODELS, ROOT
+from .support.broker import TestBroker
+from .support.paths import MODELS, ROOT
 
 GATEWAY_USER = "_gateway"
 
@@ -219,8 +219,8 @@ def test_a_full_queue_drops_the_oldest_and_counts_them(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    with Mosquitto(tmp_path / "broker") as running:
+def broker(tmp_path: Path) -> Iterator[TestBroker]:
+    with TestBroker(tmp_path / "broker") as running:
         yield running
 
 
@@ -239,7 +239,7 @@ def stop_device(telemetry: Telemetry) -> None:
 
 
 def test_telemetry_arrives_in_order_across_a_broker_outage(
-    broker: Mosquitto, tmp_path: Path
+    broker: TestBroker, tmp_path: Path
 ) -> None:
     observer = Client(broker.port, client_id="observer", persistent=True)
     observer.subscribe("devices/+/telemetry/#")
@@ -269,13 +269,13 @@ def test_telemetry_arrives_in_order_across_a_broker_outage(
         observer.close()
 
 
-def test_an_agent_killed_during_an_outage_loses_nothing(broker: Mosquitto, tmp_path: Path) -> None:
+def test_an_agent_killed_during_an_outage_loses_nothing(broker: TestBroker, tmp_path: Path) -> None:
     observer = Client(broker.port, client_id="observer", persistent=True)
     observer.subscribe("devices/cam-01/telemetry/#")
     broker.stop()
     queue = tmp_path / "q.sqlite"
     agent = subprocess.Popen(
-        [sys.executable, "-m", "tests.mqtt_agent", str(broker.port), str(queue), "30"],
+        [sys.executable, "-m", "tests.support.mqtt_agent", str(broker.port), str(queue), "30"],
         cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     try:
@@ -299,7 +299,7 @@ def test_an_agent_killed_during_an_outage_loses_nothing(broker: Mosquitto, tmp_p
         observer.close()
 
 
-def test_status_is_retained_online_and_the_last_will_says_offline(broker: Mosquitto) -> None:
+def test_status_is_retained_online_and_the_last_will_says_offline(broker: TestBroker) -> None:
     connection = MqttConnection(MqttSettings(port=broker.port), device_id="cam-01")
     connection.start()
     assert connection.wait_connected(10)
@@ -320,7 +320,7 @@ def test_status_is_retained_online_and_the_last_will_says_offline(broker: Mosqui
 class Fleet:
     root: Path
     registry: DeviceRegistry
-    broker: Mosquitto
+    broker: TestBroker
     tokens: dict[str, str]
     gateway_password: str
     config: GatewayConfig
@@ -373,9 +373,9 @@ def running_fleet(
     password = ensure_gateway_password(state / "mqtt-gateway.password")
     files = write_broker_files(registry, root, gateway_user=GATEWAY_USER, gateway_password=password)
     if dynamic_security:
-        broker = Mosquitto(root / "broker", dynamic_security=files.dynamic_security)
+        broker = TestBroker(root / "broker", dynamic_security=files.dynamic_security)
     else:
-        broker = Mosquitto(root / "broker", passwd=files.passwd, acl=files.acl)
+        broker = TestBroker(root / "broker", passwd=files.passwd, acl=files.acl)
     broker.start()
     config = GatewayConfig(
         repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
@@ -485,7 +485,7 @@ def test_two_gateway_replicas_share_the_requests(fleet: Fleet) -> None:
 
 
 def test_with_no_gateway_the_agent_falls_back_within_the_deadline(
-    broker: Mosquitto, tmp_path: Path
+    broker: TestBroker, tmp_path: Path
 ) -> None:
     from edge_agent.assemble import create_agent, create_connection
     from edge_agent.config import load_agent_config
@@ -532,7 +532,7 @@ face_detector = false
         connection.close()
 
 
-def test_a_lost_broker_is_unavailable_at_once(broker: Mosquitto) -> None:
+def test_a_lost_broker_is_unavailable_at_once(broker: TestBroker) -> None:
     connection = MqttConnection(MqttSettings(port=broker.port), device_id="cam-01")
     transport = MqttTransport(connection)
     connection.start()
@@ -721,14 +721,14 @@ def test_garbage_on_every_subscribed_topic_is_survived_and_counted(fleet: Fleet)
 def test_a_rollout_announcement_starts_an_update_at_once(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from .ota_world import GROUP, LIGHT_INT8, make_world
+    from .support.ota_world import GROUP, LIGHT_INT8, make_world
 
     world = make_world(tmp_path)
     device = world.enroll("cam-07")
     password = ensure_gateway_password(world.state / "mqtt-gateway.password")
     registry = DeviceRegistry(world.state / "devices.json")
     write_broker_files(registry, tmp_path, gateway_user=GATEWAY_USER, gateway_password=password)
-    broker = Mosquitto(tmp_path / "broker", passwd=tmp_path / "passwd", acl=tmp_path / "acl")
+    broker = TestBroker(tmp_path / "broker", passwd=tmp_path / "passwd", acl=tmp_path / "acl")
     broker.start()
     world.gateway.stop()
     world.gateway = GatewayThread(

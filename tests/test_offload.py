@@ -23,7 +23,8 @@ from edge_core.package import ModelRepository
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.tls import TLSSettings
 
-from .conftest import MODELS, GatewayHandle, start_gateway
+from .support.gateway import GatewayHandle, start_gateway
+from .support.paths import MODELS
 from .test_gateway import SlowBackend, direct, metric, small_repository
 
 

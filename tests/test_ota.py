@@ -53,8 +53,7 @@ from edge_core.ota.crypto import (
 )
 from edge_core.package import ModelRepository
 
-from .conftest import MODELS, PROFILES, ROOT
-from .ota_world import (
+from .support.ota_world import (
     GROUP,
     LIGHT_FP32,
     LIGHT_INT8,
@@ -69,6 +68,7 @@ from .ota_world import (
     make_world,
     plan_answer,
 )
+from .support.paths import MODELS, PROFILES, ROOT
 
 PROFILE = ProfileStore(PROFILES).get("raspberry-pi-5")
 
@@ -668,7 +668,7 @@ def test_compressed_metadata_and_plan_are_refused(world: OtaWorld, tmp_path: Pat
 
 # -- power loss: kill -9 at many points of the install ---------------------------------------------
 
-INSTALLER = Path(__file__).with_name("ota_installer.py")
+INSTALLER = Path(__file__).parent / "support" / "ota_installer.py"
 
 
 def run_installer(device: Device, url: str, *options: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cloud_gateway import GatewayConfig, GatewayThread
 
-from .conftest import MODELS, ROOT
+from .support.paths import MODELS, ROOT
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

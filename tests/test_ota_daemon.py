@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from edge_agent.service.daemon import Daemon
-from edge_core.report import free_port
+from edge_core.processes import free_port
 
-from .conftest import MODELS, make_root
-from .ota_world import LIGHT_FP32, LIGHT_INT8, OtaWorld, make_world
+from .support.ota_world import LIGHT_FP32, LIGHT_INT8, OtaWorld, make_world
+from .support.paths import MODELS
+from .support.roots import make_root
 from .test_daemon import write_config
 
 

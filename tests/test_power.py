@@ -12,7 +12,7 @@ from edge_agent.profiles import (
     read_temperatures,
 )
 
-from .conftest import make_root
+from .support.roots import make_root
 
 
 def governors(root: Path) -> list[str]:

@@ -15,7 +15,7 @@ from edge_agent.preprocess import image_to_tensor
 from edge_core.package import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_variant
 
-from .conftest import MODELS
+from .support.paths import MODELS
 
 
 def drawn(digit: int, thickness: int, size: tuple[int, int] = (64, 64)) -> np.ndarray:

@@ -27,7 +27,7 @@ from edge_core.errors import PolicyRejected, PrivacyRefusal
 from edge_core.package import ModelRepository
 from edge_core.protocol.types import InferRequest, InferResponse
 
-from .conftest import MODELS, PROFILES
+from .support.paths import MODELS, PROFILES
 
 ARTIST = 0x013B  # the EXIF tag that names who took (or is in) the picture
 

@@ -8,7 +8,8 @@ import pytest
 from edge_agent.profiles import ProfileStore, detect_profile, load_profile, read_facts
 from edge_core.errors import ProfileError
 
-from .conftest import PROFILES, X86_CPUINFO, make_root
+from .support.paths import PROFILES
+from .support.roots import X86_CPUINFO, make_root
 
 EXPECTED = {
     "raspberry-pi-4",

@@ -20,7 +20,7 @@ from edge_core.package import ModelRepository
 from edge_core.protocol.grpc import pb, request_to_proto
 from edge_core.protocol.types import InferRequest
 
-from .conftest import MODELS, PROFILES
+from .support.paths import MODELS, PROFILES
 
 # digits-light may only run in the cloud, and this agent has no gateway: refused
 POLICY = {"version": 1, "models": {"digits-light": {"placement": "cloud"}}}

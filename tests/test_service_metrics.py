@@ -13,19 +13,20 @@ from typing import Any
 
 import pytest
 
-from edge_agent.bench.mosquitto import Mosquitto
 from edge_agent.service.daemon import Daemon
+from edge_core.processes import free_port
 from edge_core.protocol.mqtt import response_topic
-from edge_core.report import free_port
 
-from .conftest import MODELS, make_root
+from .support.broker import TestBroker
+from .support.paths import MODELS
+from .support.roots import make_root
 from .test_daemon import metric_value, write_config
 from .test_mqtt import Client, wait_for
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    with Mosquitto(tmp_path / "broker") as running:
+def broker(tmp_path: Path) -> Iterator[TestBroker]:
+    with TestBroker(tmp_path / "broker") as running:
         yield running
 
 
@@ -56,7 +57,7 @@ def post(port: int, model: str, document: dict[str, Any]) -> int:
     return response.status
 
 
-def test_metrics_and_telemetry_show_the_links_counters(broker: Mosquitto, tmp_path: Path) -> None:
+def test_metrics_and_telemetry_show_the_links_counters(broker: TestBroker, tmp_path: Path) -> None:
     observer = Client(broker.port)
     observer.subscribe("devices/cam-01/telemetry/status")
     daemon, port = start_daemon(tmp_path, broker.port)

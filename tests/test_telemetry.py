@@ -12,7 +12,7 @@ from edge_agent.fleet import FleetLink
 from edge_agent.mqtt import MqttConnection
 from edge_agent.telemetry import Telemetry, TelemetryQueue
 from edge_core.mqtt import MqttSettings
-from edge_core.report import free_port
+from edge_core.processes import free_port
 
 
 def test_a_stop_with_the_broker_down_queues_a_final_report(tmp_path: Path) -> None:

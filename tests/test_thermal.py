@@ -22,7 +22,8 @@ from edge_agent.service.thermal import ThermalController
 from edge_core.errors import ProfileError
 from edge_core.package import ModelRepository
 
-from .conftest import MODELS, make_root
+from .support.paths import MODELS
+from .support.roots import make_root
 
 ZONE = "sys/class/thermal/thermal_zone0/temp"
 

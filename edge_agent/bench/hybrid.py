@@ -40,7 +40,8 @@ from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 from edge_core.package import ModelRepository
-from edge_core.report import free_port, machine_info, render_table, stop_process
+from edge_core.processes import free_port, stop_process
+from edge_core.report import machine_info, render_table
 
 __all__ = ["bench_agent", "gateway_process", "run_hybrid"]
 

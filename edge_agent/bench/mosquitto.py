@@ -1,7 +1,8 @@
-"""A real Mosquitto on loopback, for the MQTT benchmark and the tests: a free
-port, a generated configuration, persistence on disk, and stop / start /
-reload for the fault tests. Needs the ``mosquitto`` binary (``make broker``
-installs it)."""
+"""A Mosquitto of its own on loopback, for the benchmarks and the demo that need a
+broker: a free port, a generated configuration (the password and ACL files of
+``cloud-gateway mqtt acl``, or its dynamic security plugin's configuration),
+persistence on disk. Needs the ``mosquitto`` binary (``make broker`` installs
+it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_core.errors import EdgeError
-from edge_core.report import free_port, stop_process
+from edge_core.processes import free_port, stop_process
 
 __all__ = ["Mosquitto"]
 
@@ -105,28 +106,6 @@ class Mosquitto:
             return
         stop_process(self.process)
         self.process = None
-
-    def reload(self, timeout: float = 10.0) -> None:
-        """SIGHUP: re-read the password and ACL files. Returns once the broker has
-        begun the reload, which it finishes before it reads another packet."""
-        assert self.process is not None
-        before = self._reloads()
-        self.process.send_signal(1)
-        end = time.monotonic() + timeout
-        while self._reloads() == before:
-            if time.monotonic() > end:
-                raise EdgeError(f"mosquitto did not reload within {timeout} s")
-            time.sleep(0.01)
-
-    def _reloads(self) -> int:
-        try:
-            return self.log.read_text(errors="replace").count("Reloading config")
-        except FileNotFoundError:
-            return 0
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
     def __enter__(self) -> Mosquitto:
         self.start()

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_core.report import free_port, machine_info, render_table, stop_process
+from edge_core.processes import free_port, stop_process
+from edge_core.report import machine_info, render_table
 
 __all__ = ["format_ota", "run_ota"]
 

@@ -22,9 +22,9 @@ import numpy as np
 
 import edge_agent
 from edge_core.errors import EdgeError
+from edge_core.processes import free_port, stop_process
 from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from edge_core.protocol.types import InferRequest
-from edge_core.report import free_port, stop_process
 
 PROFILE = "raspberry-pi-5"
 DEVICE = "bench-device"  # the device gateway_process enrolls

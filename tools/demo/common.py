@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_core.report import stop_process
+from edge_core.processes import stop_process
 
 Array = np.ndarray[Any, Any]
 Describe = Callable[[dict[str, Array]], str]

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge_core.processes import free_port
 from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_response, encode_infer_request
 from edge_core.protocol.types import InferRequest
-from edge_core.report import free_port, render_table
+from edge_core.report import render_table
 
 from .common import (
     MODELS,

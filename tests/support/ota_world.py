@@ -30,7 +30,8 @@ from edge_agent.ota import OtaStore, OtaUpdater, load_bundle
 from edge_agent.ota.bundle import Enrollment
 from edge_agent.profiles import ProfileStore
 
-from .conftest import MODELS, PROFILES
+from .packages import sized_package
+from .paths import MODELS, PROFILES
 
 GROUP = "rpi5-int8"
 LIGHT_INT8 = MODELS / "digits-light" / "1" / "model.int8.tflite"
@@ -56,10 +57,8 @@ def broken_package(tmp: Path) -> Path:
 
 
 def big_package(tmp: Path, megabytes: int) -> Path:
-    """A valid ONNX package of about ``megabytes`` MB (the OTA benchmark's), with golden data."""
-    from edge_agent.bench.ota import big_model_package
-
-    return big_model_package(tmp / f"big-{megabytes}" / "1", megabytes)
+    """A valid ONNX package of ``megabytes`` MB, with golden data."""
+    return sized_package(tmp / f"big-{megabytes}" / "1", megabytes)
 
 
 @dataclass
