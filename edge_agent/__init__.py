@@ -1,52 +1,96 @@
 """edge_agent: run models on the device, decide per request where they run.
 
-The public API is what ``__all__`` lists; everything else is internal.
+The public API is what ``__all__`` lists; everything else is internal. The
+names are loaded when first used (PEP 562), so that ``import
+edge_agent.config`` or ``import edge_agent.cli`` does not load the agent, its
+policy, privacy and offload modules with it::
+
+    from edge_agent import create_agent, load_agent_config
+
+    agent = create_agent(load_agent_config(Path("agent.toml")))
+    result = agent.infer("digits-light", {"pixels": pixels}, label="personal")
+    result.decision.action, result.where, result.outputs
 """
 
-from edge_agent.profiles import DeviceProfile, ProfileStore, detect_profile
-from edge_core.errors import (
-    BackendError,
-    BackendUnavailableError,
-    ConfigError,
-    EdgeError,
-    InferenceError,
-    InputError,
-    ModelLoadError,
-    ModelNotFoundError,
-    NoVariantError,
-    PackageError,
-    ProfileError,
-)
-from edge_core.package import ModelPackage, ModelRepository, Variant, load_package
-from edge_core.runtime import RuntimeOptions, Session, open_best, open_model, open_variant
-from edge_core.tensors import TensorSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# name -> the module that defines it
+_EXPORTS = {
+    "Agent": "edge_agent.agent",
+    "AgentResult": "edge_agent.agent",
+    "AgentConfig": "edge_agent.config",
+    "load_agent_config": "edge_agent.config",
+    "create_agent": "edge_agent.assemble",
+    "DeviceProfile": "edge_agent.profiles",
+    "ProfileStore": "edge_agent.profiles",
+    "detect_profile": "edge_agent.profiles",
+    "resolve_profile": "edge_agent.profiles",
+    "Action": "edge_agent.policy",
+    "Decision": "edge_agent.policy",
+    "EdgeError": "edge_core.errors",
+    "ConfigError": "edge_core.errors",
+    "InputError": "edge_core.errors",
+    "ModelNotFoundError": "edge_core.errors",
+    "PolicyRejected": "edge_core.errors",
+    "PrivacyRefusal": "edge_core.errors",
+    "OffloadError": "edge_core.errors",
+    "DeadlineExceeded": "edge_core.errors",
+}
+
 __all__ = [
-    "BackendError",
-    "BackendUnavailableError",
+    "Action",
+    "Agent",
+    "AgentConfig",
+    "AgentResult",
     "ConfigError",
+    "DeadlineExceeded",
+    "Decision",
     "DeviceProfile",
     "EdgeError",
-    "InferenceError",
     "InputError",
-    "ModelLoadError",
     "ModelNotFoundError",
-    "ModelPackage",
-    "ModelRepository",
-    "NoVariantError",
-    "PackageError",
-    "ProfileError",
+    "OffloadError",
+    "PolicyRejected",
+    "PrivacyRefusal",
     "ProfileStore",
-    "RuntimeOptions",
-    "Session",
-    "TensorSpec",
-    "Variant",
     "__version__",
+    "create_agent",
     "detect_profile",
-    "load_package",
-    "open_best",
-    "open_model",
-    "open_variant",
+    "load_agent_config",
+    "resolve_profile",
 ]
+
+if TYPE_CHECKING:
+    from edge_agent.agent import Agent, AgentResult
+    from edge_agent.assemble import create_agent
+    from edge_agent.config import AgentConfig, load_agent_config
+    from edge_agent.policy import Action, Decision
+    from edge_agent.profiles import DeviceProfile, ProfileStore, detect_profile, resolve_profile
+    from edge_core.errors import (
+        ConfigError,
+        DeadlineExceeded,
+        EdgeError,
+        InputError,
+        ModelNotFoundError,
+        OffloadError,
+        PolicyRejected,
+        PrivacyRefusal,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edge_agent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -64,7 +64,12 @@ the sample models, local only)::
     socket = "/run/edge-agent/api.sock"  # HTTP on a Unix socket instead of host:http_port
     allow_remote = false
     drain_s = 10                    # on SIGTERM, how long requests in flight may take
-    max_body_bytes = 16777216
+    max_body_bytes = 16777216       # larger: 413 (gRPC: RESOURCE_EXHAUSTED)
+    max_connections = 64            # HTTP connections at once (one more: 503, closed)
+    idle_timeout_s = 5              # an idle keep-alive connection is closed after this
+    request_timeout_s = 30          # a request's headers and body must be in by then (408)
+    grpc_workers = 4                # gRPC calls running at once
+    max_grpc_calls = 64             # gRPC calls running or waiting (more: RESOURCE_EXHAUSTED)
 
     [thermal]                       # the thermal and power control loop
     enabled = true
@@ -158,6 +163,11 @@ class ApiSettings:
     allow_remote: bool = False
     drain_s: float = 10.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_connections: int = 64
+    idle_timeout_s: float = 5.0
+    request_timeout_s: float = 30.0
+    grpc_workers: int = 4
+    max_grpc_calls: int = 64
 
 
 @dataclass(frozen=True)
@@ -371,6 +381,11 @@ def _api(a: Fields, resolve: Callable[[str], Path]) -> ApiSettings:
         allow_remote=a.boolean("allow_remote", defaults.allow_remote),
         drain_s=a.number("drain_s", defaults.drain_s, minimum=0.0),
         max_body_bytes=a.integer("max_body_bytes", defaults.max_body_bytes, minimum=1024),
+        max_connections=a.integer("max_connections", defaults.max_connections, minimum=1),
+        idle_timeout_s=a.number("idle_timeout_s", defaults.idle_timeout_s, minimum=0.1),
+        request_timeout_s=a.number("request_timeout_s", defaults.request_timeout_s, minimum=0.1),
+        grpc_workers=a.integer("grpc_workers", defaults.grpc_workers, minimum=1),
+        max_grpc_calls=a.integer("max_grpc_calls", defaults.max_grpc_calls, minimum=1),
     )
     if api.host not in LOOPBACK and not api.allow_remote:
         raise a.fail(

@@ -21,6 +21,7 @@ from edge_core.errors import (
     NotFound,
     NoVariantError,
     OffloadError,
+    OffloadRejected,
     OffloadTimeout,
     PackageError,
     PayloadTooLarge,
@@ -70,8 +71,22 @@ _TABLE: list[tuple[type[BaseException], int, str, str]] = [
 ]
 
 
+# A client's error that the gateway found stands as the gateway said it (the agent
+# forwarded the request as it came); anything else it refused is the link's failure.
+_PASSED_ON: dict[str, tuple[int, str, str]] = {
+    "400": (400, "INVALID_ARGUMENT", "bad_request"),
+    "INVALID_ARGUMENT": (400, "INVALID_ARGUMENT", "bad_request"),
+    "404": (404, "NOT_FOUND", "not_found"),
+    "NOT_FOUND": (404, "NOT_FOUND", "not_found"),
+    "413": (413, "RESOURCE_EXHAUSTED", "too_large"),
+}
+
+
 def status_of(exc: BaseException) -> Status:
     """The HTTP and gRPC status of an error (500/INTERNAL for anything unexpected)."""
+    if isinstance(exc, OffloadRejected) and exc.status in _PASSED_ON:
+        http, grpc, label = _PASSED_ON[exc.status]
+        return Status(http, grpc, str(exc), label)
     for kind, http, grpc, label in _TABLE:
         if isinstance(exc, kind):
             return Status(http, grpc, str(exc) or kind.__name__, label)

@@ -99,3 +99,20 @@ def test_the_report_is_json_and_prints_its_tables(report: dict[str, Any]) -> Non
     for heading in ("1. local API overhead", "2. startup and idle RSS", "3. soak"):
         assert heading in text
     assert "what imports add to RSS" in text
+
+
+@pytest.mark.slow
+def test_a_soak_too_short_for_a_sample_under_load_still_reports(report: dict[str, Any]) -> None:
+    """`edge-agent bench service --soak-s 10` once crashed in its report: with samples
+    only at the start and the end there is no growth "under load" to format."""
+    soak = report["soak"]
+    short = {
+        **report,
+        "soak": {
+            **soak,
+            "rss_samples": [soak["rss_samples"][0], soak["rss_samples"][-1]],
+            "rss_growth_under_load_mb": None,
+        },
+    }
+    text = format_service(short)
+    assert "too short a soak for a sample under load" in text

@@ -14,10 +14,10 @@ import pytest
 from edge_agent.service.daemon import Daemon
 from edge_core.processes import free_port
 
+from .support.daemon import write_config
 from .support.ota_world import LIGHT_FP32, LIGHT_INT8, OtaWorld, make_world
 from .support.paths import MODELS
 from .support.roots import make_root
-from .test_daemon import write_config
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from edge_agent.agent import Agent
+from edge_agent.config import ApiSettings
 from edge_agent.policy.rules import parse_policy
 from edge_agent.profiles import ProfileStore
 from edge_agent.service.frontend import LocalService
@@ -33,7 +34,7 @@ def infer() -> Iterator[Any]:
         repository=ModelRepository(MODELS),
         rules=parse_policy(POLICY),
     )
-    api = GrpcApi(LocalService(lambda: agent, ServiceMetrics()), port=0)
+    api = GrpcApi(LocalService(lambda: agent, ServiceMetrics()), ApiSettings(grpc_port=0))
     api.start()
     channel = grpc.insecure_channel(api.address)
     try:

@@ -18,9 +18,9 @@ from edge_core.processes import free_port
 from edge_core.protocol.mqtt import response_topic
 
 from .support.broker import TestBroker
+from .support.daemon import metric_value, write_config
 from .support.paths import MODELS
 from .support.roots import make_root
-from .test_daemon import metric_value, write_config
 from .test_mqtt import Client, wait_for
 
 

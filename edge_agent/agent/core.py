@@ -122,6 +122,15 @@ class Agent:
         """The models loaded on the device: their versions and variants."""
         return self.models.loaded()
 
+    def knows(self, model: str) -> bool:
+        """Whether ``model`` is one of a bounded set of names: on the device, named by
+        the policy, or answered by the cloud before (the labels of its metrics)."""
+        return (
+            model in self.rules.models
+            or self.models.package(model) is not None
+            or self.facts.remote_ms(model) is not None
+        )
+
     def backend_of(self, model: str) -> str | None:
         return self.models.backend_of(model)
 

@@ -28,7 +28,7 @@ from edge_agent.agent.models import UNTIMED_LOCAL_MS, LocalModels, Timing
 from edge_agent.agent.result import AgentResult, Request
 from edge_agent.policy import Action, Decision, PolicyRules, Reason
 from edge_agent.privacy import Findings
-from edge_core.errors import EdgeError, OffloadError
+from edge_core.errors import EdgeError, OffloadError, OffloadRejected
 
 __all__ = ["Fallback", "ResultCache", "degrade"]
 
@@ -186,6 +186,7 @@ class Fallback:
                 error=str(error),
                 now=self._clock,
             )
-        raise type(error)(
-            f"{error}; and no local model or cached answer for {model!r} could stand in"
-        ) from error
+        message = f"{error}; and no local model or cached answer for {model!r:.140} could stand in"
+        if isinstance(error, OffloadRejected):  # the gateway's verdict stands: keep its status
+            raise OffloadRejected(message, status=error.status) from error
+        raise type(error)(message) from error

@@ -282,8 +282,9 @@ def _soak(
     for thread in threads:
         thread.start()
     end = started + settings.soak_s
+    every = min(settings.sample_every_s, settings.soak_s / 4)  # a short soak: four samples
     while (left := end - time.perf_counter()) > 0:
-        time.sleep(min(settings.sample_every_s, left))
+        time.sleep(min(every, left))
         if time.perf_counter() < end - 0.5:
             samples.append((round(time.perf_counter() - started, 1), daemon.rss()["VmRSS"]))
     stop.set()
@@ -461,7 +462,7 @@ def _format_imports(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def _format_soak(soak: dict[str, Any], sample_s: float) -> list[str]:
+def _format_soak(soak: dict[str, Any]) -> list[str]:
     rows = [
         [kind, k.get("sent", 0), k.get("device", 0), k.get("cloud", 0), k.get("cache", 0),
          k.get("refused", 0), k.get("error", 0), k.get("degraded", 0), k["p50_ms"], k["p99_ms"]]
@@ -470,6 +471,12 @@ def _format_soak(soak: dict[str, Any], sample_s: float) -> list[str]:
     headers = ["request", "sent", "device", "cloud", "cache", "refused", "errors", "degraded",
                "p50 ms", "p99 ms"]  # fmt: skip
     published = soak["published"]
+    under_load = (
+        f" ({soak['rss_growth_under_load_mb']:+g} from the first sample under load at "
+        f"{soak['rss_samples'][1][0]:g} s)"
+        if soak["rss_growth_under_load_mb"] is not None
+        else " (too short a soak for a sample under load)"
+    )
     return [
         f"3. soak: {soak['seconds']:g} s, {soak['threads']['http']} HTTP + "
         f"{soak['threads']['grpc']} gRPC client threads, the everything-on daemon "
@@ -482,10 +489,8 @@ def _format_soak(soak: dict[str, Any], sample_s: float) -> list[str]:
         + (", ".join(f"{k} {v}" for k, v in sorted(published.items())) if published else "none")
         + f"; telemetry queue waiting at the end: {soak['telemetry_queue_waiting']}",
         f"RSS MB: start {soak['rss_start_mb']}, end {soak['rss_end_mb']}, max "
-        f"{soak['rss_max_mb']}, growth {soak['rss_growth_mb']:+g} "
-        f"({soak['rss_growth_under_load_mb']:+g} from the first sample under load at "
-        f"{soak['rss_samples'][1][0]:g} s); samples every {sample_s:g} s: "
-        + ", ".join(f"{v:g}" for _, v in soak["rss_samples"]),
+        f"{soak['rss_max_mb']}, growth {soak['rss_growth_mb']:+g}{under_load}; samples at "
+        + ", ".join(f"{at:g} s: {v:g}" for at, v in soak["rss_samples"]),
     ]
 
 
@@ -493,5 +498,5 @@ def format_service(report: dict[str, Any]) -> str:
     lines = [*_format_overhead(report["overhead"]), "", *_format_startup(report)]
     if "imports" in report:
         lines += ["", *_format_imports(report)]
-    lines += ["", *_format_soak(report["soak"], report["settings"]["sample_every_s"])]
+    lines += ["", *_format_soak(report["soak"])]
     return "\n".join(lines)

@@ -51,10 +51,6 @@ from edge_core.package import ModelRepository
 
 __all__ = ["Daemon"]
 
-# httpx imports the libraries of its command line (click, rich, pygments: ~6 MB of the
-# daemon's memory) whenever they are installed; the daemon never runs that command line.
-sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
-
 log = logging.getLogger(__name__)
 
 # what a reload keeps from the running configuration (a change is logged): the
@@ -66,6 +62,21 @@ RESTART_KEYS = ("device_id", "profile", "root", "state_dir")
 STORE_WATCH_S = 1.0  # how often the OTA store's active versions are compared with the served
 
 
+def without_httpx_command_line() -> None:
+    """Keep httpx from importing its command line's libraries.
+
+    ``import httpx`` imports ``httpx._main`` when it can, and with it click, rich and
+    pygments (~6 MB of the daemon's memory) wherever they happen to be installed (a
+    development environment, a device image with other tools); the daemon, which
+    offloads and updates over httpx, never runs that command line. httpx treats a
+    ``_main`` that cannot be imported as its own install without the ``cli`` extra,
+    its supported configuration (tests/test_daemon.py checks that it still does).
+    Called once, when the daemon is made, before anything imports httpx.
+    """
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
 class Daemon:
     def __init__(
         self,
@@ -75,6 +86,7 @@ class Daemon:
         grpc_port: int | None = None,
         notifier: Notifier | None = None,
     ) -> None:
+        without_httpx_command_line()
         self.config_path = config_path
         self._http_port, self._grpc_port = http_port, grpc_port
         self.notifier = notifier or Notifier()
@@ -227,13 +239,7 @@ class Daemon:
         if api.socket is not None or api.http_port:
             from edge_agent.service.http_api import HttpApi
 
-            http = HttpApi(
-                self.service,
-                host=api.host,
-                port=api.http_port,
-                unix_socket=api.socket,
-                max_body_bytes=api.max_body_bytes,
-            )
+            http = HttpApi(self.service, api)
             http.start()
             self.apis.append(http)
         if api.grpc_port:
@@ -246,12 +252,7 @@ class Daemon:
                     path=config.source,
                 ) from None
 
-            grpc = GrpcApi(
-                self.service,
-                host=api.host,
-                port=api.grpc_port,
-                max_message_bytes=api.max_body_bytes,
-            )
+            grpc = GrpcApi(self.service, api)
             grpc.start()
             self.apis.append(grpc)
 

@@ -24,6 +24,7 @@ from edge_agent.agent import Agent
 from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
 from edge_core.errors import InputError, ModelNotFoundError, Stopping
+from edge_core.names import check_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.status import status_of
 
@@ -133,29 +134,29 @@ class LocalService:
         started = time.perf_counter()
         try:
             with self._tracked() as agent:
-                if agent.offload is None and agent.package(request.model_name) is None:
+                name = check_model_name(request.model_name)
+                version = parse_version(request.model_version)
+                if agent.offload is None and agent.package(name) is None:
                     raise ModelNotFoundError(
-                        f"unknown model {request.model_name!r}: not on this device, and no "
-                        "gateway to ask"
+                        f"unknown model {name!r}: not on this device, and no gateway to ask"
                     )
                 timeout_us = request.timeout_us
                 result = agent.infer(
-                    request.model_name,
+                    name,
                     request.inputs,
                     label=_label(request, label),
                     deadline_ms=timeout_us / 1000 if timeout_us else None,
                     request_id=rid,
+                    version=version,
                 )
         except Exception as exc:
             status = status_of(exc)
-            message = status.message
             decision = getattr(exc, "decision", None)
             action = decision.action.value if decision is not None else "error"
             reason = decision.reason if decision is not None else status.kind
-            model = "unknown" if isinstance(exc, ModelNotFoundError) else request.model_name
-            self.metrics.request(model, action, reason, None, 0.0)
+            self.metrics.request(self._label_of(request.model_name), action, reason, None, 0.0)
             if status.http >= 500:
-                log.error("request for %s failed: %s", request.model_name, message)
+                log.error("request for %.140r failed: %s", request.model_name, status.message)
             raise
         finally:
             current_request_id.reset(token)
@@ -167,7 +168,7 @@ class LocalService:
             outputs = {o.name: outputs[o.name] for o in request.outputs}
         decision = result.decision
         self.metrics.request(
-            request.model_name,
+            self._label_of(request.model_name),
             decision.action.value,
             decision.reason,
             result.where,
@@ -189,15 +190,28 @@ class LocalService:
             parameters=parameters,
         )
 
-    def model_metadata(self, name: str) -> dict[str, Any]:
-        """The model's metadata (its manifest's tensors).
+    def _label_of(self, name: str) -> str:
+        """The metric label of a requested model: its name when the agent knows it
+        (see :meth:`Agent.knows`), else ``unknown`` (a bounded set of labels)."""
+        return name if self.agent.knows(name) else "unknown"
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model's metadata (its manifest's tensors); ``version`` as the request
+        names it (``""``: the one served).
 
         Raises:
-            ModelNotFoundError: the agent does not know it.
+            BadRequest: the name or the version is malformed.
+            ModelNotFoundError: the agent does not have the model, or not that version.
         """
-        package = self.agent.package(name)
+        package = self.agent.package(check_model_name(name))
+        wanted = parse_version(version)
         if package is None:
             raise ModelNotFoundError(f"unknown model {name!r}")
+        if wanted is not None and wanted != package.version:
+            raise ModelNotFoundError(
+                f"model {name!r} has no version {wanted} on this device "
+                f"(it serves version {package.version})"
+            )
         local = self.agent.loaded().get(name)
         return {
             "name": name,

@@ -2,7 +2,12 @@
 so ``tritonclient.grpc`` calls the agent unchanged.
 
 A synchronous ``grpc`` server with a small thread pool (the agent's work is
-blocking: runtimes and offload calls). The label comes in the
+blocking: runtimes and offload calls), bounded per ``[api]``: ``grpc_workers``
+calls run at once, at most ``max_grpc_calls`` run or wait (one more is
+RESOURCE_EXHAUSTED at once); messages up to ``max_body_bytes``; a connection
+idle for ``idle_timeout_s`` (at least 60 s: a gRPC client keeps its channel
+between calls) is closed, as is any after an hour (with a grace period for
+the calls on it). The label comes in the
 ``x-edge-label`` metadata (or the ``edge_label`` parameter), the request id in
 ``x-request-id``; errors are gRPC statuses from the one table in
 :mod:`.frontend`. A refusal by the policy carries its decision in the trailing
@@ -18,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from edge_agent.config import ApiSettings
 from edge_agent.service.frontend import LocalService
 from edge_agent.service.http_api import SERVER
 from edge_core.protocol.grpc import (
@@ -42,23 +48,21 @@ def _metadata(context: Any, key: str) -> str | None:
 
 
 class GrpcApi:
-    def __init__(
-        self,
-        service: LocalService,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 8081,
-        workers: int = 4,
-        max_message_bytes: int = 16 * 1024 * 1024,
-    ) -> None:
+    def __init__(self, service: LocalService, settings: ApiSettings | None = None) -> None:
+        settings = settings or ApiSettings()
         self.service = service
+        idle_ms = int(max(settings.idle_timeout_s, 60.0) * 1000)
         self._server = grpc.server(
-            ThreadPoolExecutor(workers, thread_name_prefix="local-grpc"),
+            ThreadPoolExecutor(settings.grpc_workers, thread_name_prefix="local-grpc"),
             options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", settings.max_body_bytes),
+                ("grpc.max_send_message_length", settings.max_body_bytes),
                 ("grpc.so_reuseport", 0),
+                ("grpc.max_connection_idle_ms", idle_ms),
+                ("grpc.max_connection_age_ms", 3_600_000),
+                ("grpc.max_connection_age_grace_ms", int(settings.drain_s * 1000) + 1000),
             ],
+            maximum_concurrent_rpcs=settings.max_grpc_calls,
         )
         methods: dict[str, Callable[[Any, Any], Any]] = {
             "ServerLive": self._live,
@@ -71,8 +75,9 @@ class GrpcApi:
         self._server.add_generic_rpc_handlers(
             (generic_handler({name: _guarded(m) for name, m in methods.items()}),)
         )
+        host = settings.host
         bracketed = f"[{host}]" if ":" in host else host
-        self.port = self._server.add_insecure_port(f"{bracketed}:{port}")
+        self.port = self._server.add_insecure_port(f"{bracketed}:{settings.grpc_port}")
         self.address = f"{bracketed}:{self.port}"
 
     def start(self) -> None:
@@ -93,14 +98,14 @@ class GrpcApi:
         return pb().ServerReadyResponse(ready=self.service.ready)
 
     def _model_ready(self, request: Any, context: Any) -> Any:
-        self.service.model_metadata(request.name)
+        self.service.model_metadata(request.name, request.version)
         return pb().ModelReadyResponse(ready=self.service.ready)
 
     def _server_metadata(self, request: Any, context: Any) -> Any:
         return pb().ServerMetadataResponse(**SERVER)
 
     def _model_metadata(self, request: Any, context: Any) -> Any:
-        meta = self.service.model_metadata(request.name)
+        meta = self.service.model_metadata(request.name, request.version)
         tensor = pb().ModelMetadataResponse.TensorMetadata
         return pb().ModelMetadataResponse(
             name=meta["name"],
