@@ -107,6 +107,10 @@ def test_the_page_says_it_is_generated_and_shows_each_run_with_its_machine_and_c
     assert "aarch64, 4 CPUs, Linux-6.6-rpi, Python 3.11.2; profile `raspberry-pi-5`" in page
     assert "2025-01-02T03:04:05+00:00 at commit `abcdef1234`" in page
     assert "the code has changed since" in page
+    assert "busy machine" not in page
+    busy = _offload(1.2)
+    busy["recorded"] = {**RECORDED, "load_average_1m": 4.5}
+    assert "load average 4.5 (1 min) as it ended (**a busy machine**" in _page(offload=busy)
     # each benchmark's own table, as its command prints it
     assert "offload round trip over gRPC on loopback: digits-heavy" in page
     assert "digits-heavy v1  (aarch64, 4 CPUs, threads=4)" in page

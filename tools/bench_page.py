@@ -33,8 +33,16 @@ from typing import Any, cast
 __all__ = ["TARGETS", "Benchmark", "kind_of", "main", "render_page", "stamp"]
 
 ROOT = Path(__file__).resolve().parents[1]
-# What the code is: a run at another commit is older than the code when these changed.
-CODE = ("edge_core", "edge_agent", "cloud_gateway", "tools")
+# What the figures depend on: a run at another commit is older than the code when one of
+# these changed (this page's own renderer is not among them).
+CODE = (
+    "edge_core",
+    "edge_agent",
+    "cloud_gateway",
+    "device_profiles",
+    "models",
+    "tools/eval_faces.py",
+)
 
 Report = dict[str, Any]
 Verdict = tuple[str, bool | None]  # what was measured, and whether it meets the target
@@ -325,8 +333,13 @@ def _when(report: Report, changed: Callable[[str], bool | None]) -> str:
     text = f"{recorded.get('date', 'an unknown date')} at commit `{commit[:10]}`"
     if recorded.get("uncommitted_changes"):
         text += " (with uncommitted changes to the code)"
-    if recorded.get("load_average_1m") is not None:
-        text += f"; load average {recorded['load_average_1m']} (1 min) as it ended"
+    load = recorded.get("load_average_1m")
+    if load is not None:
+        text += f"; load average {load} (1 min) as it ended"
+        machine = report.get("machine") or recorded.get("machine") or {}
+        cpus = machine.get("cpus") if isinstance(machine, Mapping) else None
+        if isinstance(cpus, int) and cpus > 0 and float(load) >= cpus:
+            text += " (**a busy machine**: slower figures than an idle one gives)"
     if changed(commit):
         text += "; **the code has changed since**: these figures may be out of date"
     return text
