@@ -1,12 +1,13 @@
-# The two commands of the README: `make demo` and `make test`.
-# Both create .venv and install what they need on a fresh machine.
+# The two commands of the README, `make demo` and `make test`, and the ones CI and
+# the docs add (`make lint`, `make docs`, `make bench`). Each creates .venv and
+# installs what it needs on a fresh machine.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint format models fetch-models broker bench clean
+.PHONY: venv test demo lint format docs models fetch-models broker bench figures clean
 
 venv: $(STAMP)
 
@@ -52,10 +53,38 @@ models: venv
 	$(PY) -m pip install --quiet -e ".[convert]"
 	$(PY) tools/train_digits.py --out models
 
-bench: venv fetch-models
-	$(PY) -m edge_agent bench --model digits-light --json bench-results/digits-light.json
-	$(PY) -m edge_agent bench --model digits-heavy --json bench-results/digits-heavy.json
-	$(PY) -m edge_agent bench --model face-detection-short-range --json bench-results/blazeface.json
+# The documentation site, into site/. --strict: a broken link, anchor or nav entry fails.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+# The benchmarks, each writing bench-results/<name>.json (stamped with the date and the
+# commit), then the generated figures page, docs/benchmarks/figures.md. One benchmark
+# alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
+# They measure this machine: run them on an idle one.
+BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service gateway faces
+BENCH_digits-light = -m edge_agent bench --model digits-light
+BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
+BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
+BENCH_hybrid       = -m edge_agent bench hybrid
+BENCH_offload      = -m edge_agent bench offload --profile raspberry-pi-5
+BENCH_ota          = -m edge_agent bench ota
+BENCH_mqtt         = -m edge_agent bench mqtt
+BENCH_service      = -m edge_agent bench service
+BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
+BENCH_faces        = tools/eval_faces.py
+
+bench: venv broker fetch-models
+	@set -e; for name in $(BENCHES); do $(MAKE) --no-print-directory bench-$$name; done
+	$(MAKE) --no-print-directory figures
+
+bench-%: venv broker fetch-models
+	@test -n "$(BENCH_$*)" || { echo "no benchmark named $*: one of $(BENCHES)"; exit 2; }
+	$(PY) $(BENCH_$*) --json bench-results/$*.json
+	$(PY) tools/bench_page.py stamp bench-results/$*.json
+
+# Renders every bench-results/*.json present into docs/benchmarks/figures.md.
+figures: venv
+	$(PY) tools/bench_page.py render --results bench-results --out docs/benchmarks/figures.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results site

@@ -1,0 +1,525 @@
+"""The benchmarks' figures page: every ``bench-results/*.json`` rendered into
+``docs/benchmarks/figures.md``, so that no figure in the docs is typed by hand.
+
+``make bench`` runs each benchmark (it writes its JSON), stamps that JSON with
+the date and the commit it ran at, then renders the page::
+
+    python tools/bench_page.py stamp bench-results/offload.json
+    python tools/bench_page.py render --results bench-results --out docs/benchmarks/figures.md
+
+Each benchmark's section shows the table its own command prints (the
+benchmark's formatter, so the page and the terminal never disagree), the
+machine it ran on, the date and the commit, and the targets of MISSION §7
+(P1-P12) that its figures judge. A JSON today's formatter cannot read (an older
+run) is named with the error instead of its table. The page opens by saying it
+is generated and must not be edited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, cast
+
+__all__ = ["TARGETS", "Benchmark", "kind_of", "main", "render_page", "stamp"]
+
+ROOT = Path(__file__).resolve().parents[1]
+# What the figures depend on: a run at another commit is older than the code when one of
+# these changed (this page's own renderer is not among them).
+CODE = (
+    "edge_core",
+    "edge_agent",
+    "cloud_gateway",
+    "device_profiles",
+    "models",
+    "tools/eval_faces.py",
+)
+
+Report = dict[str, Any]
+Verdict = tuple[str, bool | None]  # what was measured, and whether it meets the target
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One kind of benchmark: how it is run, and how its JSON is shown."""
+
+    title: str
+    command: str  # as `make bench` runs it (the JSON's own file name is added)
+    formatter: str  # "module:function" printing its table, or "" (rendered here)
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "runtime": Benchmark(
+        "Runtime", "edge-agent bench --model {model}", "edge_agent.bench.runtime:format_report"
+    ),
+    "hybrid": Benchmark(
+        "Hybrid inference", "edge-agent bench hybrid", "edge_agent.bench.hybrid:format_hybrid"
+    ),
+    "offload": Benchmark(
+        "Offload round trip",
+        "edge-agent bench offload --profile {profile}",
+        "edge_agent.bench.offload:format_offload",
+    ),
+    "ota": Benchmark("OTA install", "edge-agent bench ota", "edge_agent.bench.ota:format_ota"),
+    "mqtt": Benchmark("MQTT", "edge-agent bench mqtt", "edge_agent.bench.mqtt:format_mqtt"),
+    "service": Benchmark(
+        "The agent as a service",
+        "edge-agent bench service",
+        "edge_agent.bench.service:format_service",
+    ),
+    "gateway": Benchmark(
+        "Gateway under load",
+        "cloud-gateway bench --chart bench-results/gateway.png",
+        "cloud_gateway.bench:format_report",
+    ),
+    "faces": Benchmark("Face detector", "python tools/eval_faces.py", ""),
+}
+
+
+def kind_of(report: Report) -> str:
+    """The benchmark a JSON came from: its ``benchmark`` field (``tools/eval_faces.py``
+    writes none: its shape tells)."""
+    kind = report.get("benchmark")
+    if isinstance(kind, str):
+        return kind
+    if "scenes" in report and "results" in report:
+        return "faces"
+    return "unknown"
+
+
+# -- the targets of MISSION §7 -------------------------------------------------------------
+
+Judge = Callable[[Report], Verdict]
+
+
+def _p1(report: Report) -> Verdict:
+    path = report["agent_path"]
+    target = float(report.get("targets", {}).get("overhead_us_p50", 25.0))
+    added = float(path["added_us"])
+    return f"{report['model']} ({path['variant']}): +{added:.1f} µs", added <= target
+
+
+def _p3(report: Report) -> Verdict:
+    variants = {v["variant"]: v for v in report["variants"]}
+    parts, verdicts = [], []
+    for c in report["int8_vs_fp32"]:
+        fp32 = variants[f"{c['format']}-fp32"]["p50_ms"]
+        text = f"{report['model']} {c['format']}: {c['speedup_p50']}x at batch 1"
+        if "accuracy_delta_points" in c:
+            text += f", {c['accuracy_delta_points']:+.2f} points"
+        if fp32 < 0.5:
+            parts.append(f"{text} (not judged: FP32 p50 {fp32:g} ms < 0.5 ms)")
+            continue
+        parts.append(text)
+        verdicts.append(c["speedup_p50"] >= 1.5 and c.get("accuracy_delta_points", 0.0) >= -1.0)
+    if not parts:
+        return f"{report['model']}: no INT8 and FP32 variants of one format", None
+    return "; ".join(parts), (all(verdicts) if verdicts else None)
+
+
+def _p2(report: Report) -> Verdict:
+    summary = report["summary"]
+    parts = [
+        f"{protocol}: {100 * s['share_of_lower_limit']:.0f}% of the lower limit, "
+        f"p99 {s['batching_p99_ms']:.1f} ms, {s['gain_over_per_request']}x per-request"
+        for protocol, s in ((p, summary[p]) for p in ("grpc", "http"))
+    ]
+    met = all(bool(summary[p]["meets_target"]) for p in ("grpc", "http"))
+    return f"at {summary['clients']} clients, " + "; ".join(parts), met
+
+
+def _p4(report: Report) -> Verdict:
+    summary = report["summary"]
+    growth = ", ".join(
+        f"{s['model_mb']} MB: +{s['install_peak_rss_increase_mb']} MB" for s in report["sizes"]
+    )
+    return (
+        f"slowest {summary['min_install_mb_s']:.0f} MB/s; peak RSS {growth}",
+        bool(summary["meets_throughput_target"]),
+    )
+
+
+def _p5(report: Report) -> Verdict:
+    ratios = report["ratios"]
+    return (
+        f"transport {ratios['transport']}x, Agent.infer {ratios['agent']}x the floor "
+        f"({report['floor_p50_ms']} ms)",
+        bool(report["meets_target"]),
+    )
+
+
+def _p6(report: Report) -> Verdict:
+    parts = [
+        f"{name}: {s['rss_median_mb']} MB, READY in {s['ready_max_s']} s (max)"
+        for name, s in report["startup"].items()
+    ]
+    met = all(s["rss_target_met"] and s["ready_target_met"] for s in report["startup"].values())
+    return "; ".join(parts), met
+
+
+def _p7(report: Report) -> Verdict:
+    summary = report["summary"]
+    return (
+        f"{summary['hybrid_minus_cloud_points']:+.2f} points against cloud-only, "
+        f"{100 * summary['hybrid_offloaded_share']:.1f}% offloaded",
+        bool(summary["meets_target"]),
+    )
+
+
+FACES_DEFAULT = "short, tiles 3x3, score >= 0.65"  # the FaceDetector's defaults
+
+
+def _p8(report: Report) -> Verdict:
+    result = report["results"][FACES_DEFAULT]
+    return (
+        f"the default detector: recall {result['recall']}, "
+        f"{result['clean_photos_with_detections']} face-free photos with a detection, "
+        f"{result['ms_per_image']} ms a scene",
+        result["recall"] >= 0.98 and result["ms_per_image"] <= 30,
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    what: str
+    target: str
+    kind: str  # the benchmark whose JSON judges it ("" : none yet)
+    judge: Judge | None = None
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("P1", "agent in-process overhead over a raw runtime call", "≤ 25 µs at p50",
+           "runtime", _p1),
+    Target("P2", "gateway with dynamic batching, 64 clients", "≥ 70% of the lower limit, "
+           "p99 ≤ 50 ms; gain over per-request reported", "gateway", _p2),
+    Target("P2b", "the gateway beside Triton (PyTriton) and MLServer", "ahead of the best peer "
+           "(gRPC ≥ 1.05×, HTTP ≥ 1.2×), p99 ≤ 50 ms", ""),
+    Target("P3", "INT8 against FP32 where compute dominates (FP32 p50 ≥ 0.5 ms)",
+           "≥ 1.5× faster, ≤ 1 point accuracy lost", "runtime", _p3),
+    Target("P4", "OTA install (verify + decrypt + write)", "≥ 400 MB/s; extra memory bounded, "
+           "not growing with model size", "ota", _p4),
+    Target("P5", "offload round trip over gRPC against a bare gRPC echo",
+           "≤ 1.5× the echo plus compute", "offload", _p5),
+    Target("P6", "agent idle memory with one INT8 TFLite model / start to READY",
+           "≤ 80 MB RSS / ≤ 1.5 s", "service", _p6),
+    Target("P7", "hybrid: light local model, heavy cloud model on low confidence",
+           "within 0.5 point of cloud-only, ≤ 25% offloaded", "hybrid", _p7),
+    Target("P8", "face recall of the privacy inspector", "≥ 0.98 on faces ≥ 32 px, false "
+           "alarms in ≤ 1 of 20 face-free photos, ≤ 30 ms a picture", "faces", _p8),
+    Target("P9", "stream pipeline against a sequential capture loop", "≥ 1.5× frames/s; "
+           "p99 ≤ 2 frame intervals + the slowest stage", ""),
+    Target("P10", "gateway in front of a remote engine", "≤ 15% throughput lost, "
+           "≤ 1 ms added at p50", ""),
+    Target("P11", "fleet simulation (1,000 and 10,000 devices)", "measured, and a "
+           "100,000-device plan from them", ""),
+    Target("P12", "the toolchain's INT8 on PP-OCRv4 det", "≥ 1.5× FP32 at batch 1, "
+           "map IoU ≥ 0.9", ""),
+)  # fmt: skip
+
+
+def _verdict(met: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: "not judged"}[met]
+
+
+def _judge(target: Target, report: Report) -> Verdict:
+    assert target.judge is not None
+    try:
+        return target.judge(report)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        return f"not in this JSON ({type(exc).__name__}: {exc})", None
+
+
+# -- stamping a run ------------------------------------------------------------------------
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def stamp(path: Path, *, now: datetime | None = None) -> None:
+    """Record in a benchmark's JSON when it ran and at which commit (run right after
+    the benchmark; the machine too when the benchmark wrote none)."""
+    from edge_core.report import machine_info, write_json
+
+    report = json.loads(path.read_text(encoding="utf-8"))
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
+    recorded: dict[str, Any] = {
+        "date": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "HEAD"),
+        # to the code (docs and results do not change a figure)
+        "uncommitted_changes": bool(status) if status is not None else None,
+        # what else ran: figures from a busy machine are slower than the code
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    if "machine" not in report:
+        recorded["machine"] = machine_info()
+    report["recorded"] = recorded
+    write_json(path, report)
+
+
+def changed_since(commit: str) -> bool | None:
+    """Whether the code differs today from ``commit`` (None: cannot tell)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "diff", "--quiet", commit, "--", *CODE], capture_output=True
+        )
+    except OSError:
+        return None
+    return {0: False, 1: True}.get(done.returncode)
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+HEADER = """\
+# Benchmark figures
+
+!!! warning "Generated by `make bench`: do not edit"
+    This page is written by `tools/bench_page.py` from the JSON that the benchmarks
+    leave in `bench-results/`. To change a figure, run the benchmarks again
+    (`make bench`, or one of them: `make bench-offload figures`); to change how
+    the page looks, change the tool. What each benchmark measures, and how:
+    [Benchmarks](index.md).
+
+Figures are of the machine named in each section, at the commit named there: they
+judge that machine and that code, nothing else.
+"""
+
+
+def _anchor(name: str) -> str:
+    return "bench-" + "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+def _title(kind: str, report: Report) -> str:
+    benchmark = BENCHMARKS.get(kind)
+    title = benchmark.title if benchmark else f"Benchmark {kind!r}"
+    return f"{title}: {report['model']}" if kind == "runtime" and "model" in report else title
+
+
+def _machine(report: Report) -> str:
+    machine = report.get("machine") or report.get("recorded", {}).get("machine")
+    if not isinstance(machine, Mapping):
+        return "not recorded"
+    text = f"{machine.get('machine', '?')}, {machine.get('cpus', '?')} CPUs"
+    if machine.get("platform"):
+        text += f", {machine['platform']}"
+    if machine.get("python"):
+        text += f", Python {machine['python']}"
+    if report.get("profile"):
+        text += f"; profile `{report['profile']}`"
+    return text
+
+
+def _when(report: Report, changed: Callable[[str], bool | None]) -> str:
+    recorded = report.get("recorded")
+    if not isinstance(recorded, Mapping) or not recorded.get("commit"):
+        return "date and commit not recorded (a run outside `make bench`)"
+    commit = str(recorded["commit"])
+    text = f"{recorded.get('date', 'an unknown date')} at commit `{commit[:10]}`"
+    if recorded.get("uncommitted_changes"):
+        text += " (with uncommitted changes to the code)"
+    load = recorded.get("load_average_1m")
+    if load is not None:
+        text += f"; load average {load} (1 min) as it ended"
+        machine = report.get("machine") or recorded.get("machine") or {}
+        cpus = machine.get("cpus") if isinstance(machine, Mapping) else None
+        if isinstance(cpus, int) and cpus > 0 and float(load) >= cpus:
+            text += " (**a busy machine**: slower figures than an idle one gives)"
+    if changed(commit):
+        text += "; **the code has changed since**: these figures may be out of date"
+    return text
+
+
+def _command(kind: str, report: Report, name: str) -> str:
+    benchmark = BENCHMARKS.get(kind)
+    if benchmark is None:
+        return f"`bench-results/{name}.json`"
+    command = benchmark.command.format(
+        model=report.get("model", "?"), profile=report.get("profile", "?")
+    )
+    return f"`{command} --json bench-results/{name}.json` (`make bench-{name}`)"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(value: Any) -> str:
+        return "–" if value is None else str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _faces_table(report: Report) -> str:
+    results: Mapping[str, Report] = report["results"]
+    sizes = sorted({size for r in results.values() for size in r["recall_by_size"]}, key=int)
+    rows = [
+        [
+            f"**{label}** (the default)" if label == FACES_DEFAULT else label,
+            *[r["recall_by_size"].get(size) for size in sizes],
+            r["recall"],
+            r["false_positives"],
+            r["clean_photos_with_detections"],
+            r["ms_per_image"],
+        ]
+        for label, r in results.items()
+    ]
+    headers = ["detector", *[f"recall {s} px" for s in sizes], "recall", "false positives",
+               "face-free photos hit", "ms/scene"]  # fmt: skip
+    intro = f"{report['scenes']} scenes, {report['faces']} pasted faces."
+    return intro + "\n\n" + _table(headers, rows)
+
+
+def _body(kind: str, report: Report) -> str:
+    """The benchmark's own table (what its command prints), or why there is none."""
+    if kind == "faces":
+        try:
+            return _faces_table(report)
+        except (KeyError, TypeError, ValueError) as exc:
+            return _unreadable(exc)
+    benchmark = BENCHMARKS.get(kind)
+    if benchmark is None:
+        return f"No renderer for a benchmark named {kind!r}: add one to `tools/bench_page.py`."
+    module, _, function = benchmark.formatter.partition(":")
+    formatter = cast(Callable[[Report], str], getattr(importlib.import_module(module), function))
+    try:
+        text = formatter(report)
+    except (KeyError, TypeError, ValueError, IndexError, StopIteration) as exc:
+        return _unreadable(exc)
+    return "```text\n" + text + "\n```"
+
+
+def _unreadable(exc: BaseException) -> str:
+    return (
+        '!!! failure "Today\'s formatter cannot read this JSON"\n'
+        f"    `{type(exc).__name__}: {exc}`: it comes from an older run. Run the benchmark "
+        "again."
+    )
+
+
+def _section(name: str, report: Report, changed: Callable[[str], bool | None]) -> str:
+    kind = kind_of(report)
+    lines = [
+        f"## {_title(kind, report)} {{#{_anchor(name)}}}",
+        "",
+        f"- **Command**: {_command(kind, report, name)}",
+        f"- **Machine**: {_machine(report)}",
+        f"- **Ran**: {_when(report, changed)}",
+        "",
+    ]
+    judged = [t for t in TARGETS if t.kind == kind and t.judge is not None]
+    if judged:
+        rows = []
+        for target in judged:
+            measured, met = _judge(target, report)
+            rows.append([f"{target.id}: {target.what}", target.target, measured, _verdict(met)])
+        lines += [_table(["target", "wanted", "measured", "verdict"], rows), ""]
+    lines += [_body(kind, report), ""]
+    if report.get("chart"):
+        lines += [f"![{_title(kind, report)}]({report['chart']})", ""]
+    return "\n".join(lines)
+
+
+def _summary(reports: Mapping[str, Report]) -> str:
+    rows = []
+    for target in TARGETS:
+        judged = [(n, r) for n, r in reports.items() if kind_of(r) == target.kind]
+        if target.judge is None:
+            rows.append([target.id, target.what, target.target, "no benchmark yet", "–"])
+            continue
+        if not judged:
+            rows.append([target.id, target.what, target.target, "not in this run", "–"])
+            continue
+        verdicts = [(_judge(target, r), n) for n, r in judged]
+        shown = [(v, n) for v, n in verdicts if v[1] is not None] or verdicts
+        measured = "<br>".join(f"[{v[0]}](#{_anchor(n)})" for v, n in shown)
+        met = [v[1] for v, _ in shown if v[1] is not None]
+        rows.append(
+            [target.id, target.what, target.target, measured, _verdict(all(met) if met else None)]
+        )
+    return "## Targets (MISSION §7)\n\n" + _table(
+        ["", "what", "target", "measured", "verdict"], rows
+    )
+
+
+def _order(name: str, report: Report) -> tuple[int, str]:
+    kinds = list(BENCHMARKS)
+    kind = kind_of(report)
+    return (kinds.index(kind) if kind in kinds else len(kinds), name)
+
+
+def render_page(
+    reports: Mapping[str, Report], *, changed: Callable[[str], bool | None] = changed_since
+) -> str:
+    """The page for ``reports`` (by file stem, e.g. ``"offload"``)."""
+    ordered = dict(sorted(reports.items(), key=lambda item: _order(*item)))
+    parts = [HEADER, _summary(ordered)]
+    if not ordered:
+        parts.append("No benchmark has been run: `make bench` runs them all.")
+    parts += [_section(name, report, changed) for name, report in ordered.items()]
+    missing = [name for name in _MAKE_NAMES if name not in ordered]
+    if missing:
+        parts.append(
+            "## Not in this run\n\nRun any of these, then `make figures`:\n\n"
+            + "\n".join(f"- `make bench-{n}`" for n in missing)
+        )
+    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
+
+
+# the benchmarks `make bench` runs (its BENCHES), by the name of their JSON file
+_MAKE_NAMES = ("digits-light", "digits-heavy", "blazeface", "hybrid", "offload", "ota", "mqtt",
+               "service", "gateway", "faces")  # fmt: skip
+
+
+def load_reports(results: Path, out: Path) -> dict[str, Report]:
+    """Every ``*.json`` in ``results``; charts (``<name>.png``) are copied beside the page."""
+    reports: dict[str, Report] = {}
+    for path in sorted(results.glob("*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(report, dict):
+            continue
+        chart = path.with_suffix(".png")
+        if chart.is_file():
+            shutil.copyfile(chart, out.parent / chart.name)
+            report["chart"] = chart.name
+        reports[path.stem] = report
+    return reports
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    stamp_parser = commands.add_parser("stamp", help="record the date and commit in a JSON")
+    stamp_parser.add_argument("files", nargs="+", type=Path)
+    render = commands.add_parser("render", help="write the figures page")
+    render.add_argument("--results", type=Path, default=ROOT / "bench-results")
+    render.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "figures.md")
+    args = parser.parse_args(argv)
+    if args.command == "stamp":
+        for path in args.files:
+            stamp(path)
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    reports = load_reports(args.results, args.out) if args.results.is_dir() else {}
+    args.out.write_text(render_page(reports), encoding="utf-8")
+    print(f"wrote {args.out} ({len(reports)} benchmark(s))", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+    raise SystemExit(main())
