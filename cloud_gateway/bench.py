@@ -44,9 +44,10 @@ from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import BatchingSettings, GatewayConfig
 from cloud_gateway.repository import Backend, EmbeddedBackend, LoadedModel
 from cloud_gateway.server import GatewayThread
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
 from edge_core.paths import default_model_dir
 from edge_core.report import machine_info, render_table, write_json
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_variant
 
 __all__ = ["run_from_args"]

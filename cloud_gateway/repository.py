@@ -25,7 +25,8 @@ import numpy as np
 
 from edge_core.errors import EdgeError, NotFound, PackageError, Unavailable
 from edge_core.fields import is_decimal
-from edge_core.package import MANIFEST, ModelPackage, load_package
+from edge_core.manifest import load_package
+from edge_core.package import MANIFEST, ModelPackage
 from edge_core.runtime import RuntimeOptions, open_best, open_variant
 from edge_core.tensors import TensorSpec
 

@@ -19,7 +19,7 @@ from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import ConfigError, EdgeError, ModelNotFoundError
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 __all__ = [
     "create_agent",

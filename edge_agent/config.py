@@ -1,5 +1,8 @@
 """The agent's one configuration object, loaded and validated in one place.
 
+(Over 400 lines: this docstring is the reference of every field, and the readers
+of the tables stay beside the settings they fill.)
+
 A TOML file; every field is optional (without a file: the detected profile,
 the sample models, local only)::
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from edge_agent.profiles import ProfileStore
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .support.gateway import start_gateway
 from .support.paths import MODELS, PROFILES, ROOT

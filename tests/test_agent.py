@@ -22,8 +22,9 @@ from edge_agent.privacy import FaceDetector, PrivacyInspector
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import OffloadError, PolicyRejected, PrivacyRefusal
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions
 
 from .support.gateway import GatewayHandle, start_gateway

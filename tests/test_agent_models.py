@@ -21,7 +21,8 @@ from edge_agent.config import load_agent_config
 from edge_agent.policy import Action, Decision
 from edge_agent.profiles import ProfileStore
 from edge_core.errors import ModelNotFoundError
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
+from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS, PROFILES
 from .support.roots import X86_CPUINFO, make_root

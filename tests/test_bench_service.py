@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from edge_agent.bench.service import ServiceSettings, format_service, run_service
+from edge_agent.bench.service import ServiceSettings, run_service
+from edge_agent.bench.service_report import format_service
 
 from .support.paths import MODELS
 

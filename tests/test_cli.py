@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge_core.cli import run_command
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .support.roots import make_root
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .support.daemon import (
     Running,

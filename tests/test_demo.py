@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .support.paths import ROOT
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge_agent.preprocess import decode_image, image_to_tensor
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_best, open_variant
 
 from .support.paths import ROOT

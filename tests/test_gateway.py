@@ -20,7 +20,8 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from cloud_gateway.repository import EmbeddedBackend, LoadedModel
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions
 
 from .support.gateway import GatewayHandle, start_gateway

@@ -398,7 +398,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def digits(rows: int = 3) -> np.ndarray:
-    from edge_core.package import ModelRepository
+    from edge_core.repository import ModelRepository
 
     return ModelRepository(MODELS).get("digits-light").evaluation()[0][:rows].astype(np.float32)
 

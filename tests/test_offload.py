@@ -19,8 +19,8 @@ from edge_core.errors import (
     OffloadTimeout,
     OffloadUnavailable,
 )
-from edge_core.package import ModelRepository
 from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.repository import ModelRepository
 from edge_core.tls import TLSSettings
 
 from .support.gateway import GatewayHandle, start_gateway

@@ -51,7 +51,7 @@ from edge_core.ota.crypto import (
     verify_blob,
     wrap_key,
 )
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .support.ota_world import (
     GROUP,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from edge_core.errors import ModelNotFoundError, PackageError
-from edge_core.package import ModelRepository, load_package
+from edge_core.manifest import load_package
+from edge_core.repository import ModelRepository
 
 
 def copy_package(repository: ModelRepository, tmp_path: Path, name: str = "digits-light") -> Path:

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from edge_agent.preprocess import image_to_tensor
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_variant
 
 from .support.paths import MODELS

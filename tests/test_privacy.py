@@ -14,8 +14,8 @@ from edge_agent.privacy import FaceDetector, PrivacyInspector, find_pii, mask_pi
 from edge_agent.privacy.faces import FULL_RANGE, SHORT_RANGE, Face, anchors, nms
 from edge_agent.privacy.redact import redact_faces
 from edge_core.errors import PrivacyRefusal
-from edge_core.package import ModelRepository
 from edge_core.protocol.types import InferRequest
+from edge_core.repository import ModelRepository
 
 
 @pytest.fixture(scope="module")

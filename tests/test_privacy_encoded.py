@@ -24,8 +24,8 @@ from edge_agent.privacy.encoded import carries_metadata, decode, image_format
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import PolicyRejected, PrivacyRefusal
-from edge_core.package import ModelRepository
 from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS, PROFILES
 

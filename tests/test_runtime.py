@@ -14,7 +14,8 @@ from edge_core.errors import (
     NoVariantError,
     PackageError,
 )
-from edge_core.package import ModelPackage, ModelRepository, Variant
+from edge_core.package import ModelPackage, Variant
+from edge_core.repository import ModelRepository
 from edge_core.runtime import (
     DelegateSpec,
     RuntimeOptions,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from edge_core.errors import NoVariantError
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 from edge_core.runtime import installed_formats, rank_variants
 
 

@@ -17,9 +17,9 @@ from edge_agent.profiles import ProfileStore
 from edge_agent.service.frontend import LocalService
 from edge_agent.service.grpc_api import GrpcApi
 from edge_agent.service.metrics import ServiceMetrics
-from edge_core.package import ModelRepository
 from edge_core.protocol.grpc import pb, request_to_proto
 from edge_core.protocol.types import InferRequest
+from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS, PROFILES
 

@@ -20,7 +20,7 @@ from edge_agent.profiles import DeviceProfile, ProfileStore
 from edge_agent.profiles.state import read_device_state
 from edge_agent.service.thermal import ThermalController
 from edge_core.errors import ProfileError
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS
 from .support.roots import make_root

@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_agent.privacy.faces import FULL_RANGE, SHORT_RANGE, Face, FaceDetector, iou
-from edge_core.package import ModelRepository
 from edge_core.report import render_table, write_json
+from edge_core.repository import ModelRepository
 
 SIZES = (48, 96, 192)
 BACKGROUNDS = (

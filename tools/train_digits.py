@@ -1,5 +1,8 @@
 """Train and export the sample models ``digits-light`` and ``digits-heavy``.
 
+(Over 400 lines: one script trains both models and exports every format and
+precision of each, with its measured accuracy; it runs only when the models change.)
+
 Needs the ``convert`` extra (TensorFlow, scikit-learn, onnx); the exported
 packages are committed under ``models/``, so nothing else ever needs them::
 
@@ -40,12 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_core.package import (
-    ImagePreprocessing,
-    ModelPackage,
-    Tolerance,
-    Variant,
-)
+from edge_core.package import ImagePreprocessing, ModelPackage, Tolerance, Variant
 from edge_core.tensors import TensorSpec
 
 SEED = 0

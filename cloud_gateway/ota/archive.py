@@ -17,7 +17,8 @@ from typing import Any
 
 from edge_core.errors import PackageError
 from edge_core.fields import is_decimal
-from edge_core.package import MANIFEST, load_package
+from edge_core.manifest import load_package
+from edge_core.package import MANIFEST
 
 __all__ = ["package_archive"]
 

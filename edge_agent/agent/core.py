@@ -1,6 +1,9 @@
 """The agent's request pipeline: :meth:`Agent.infer` runs the steps of the
 package's docstring (:mod:`edge_agent.agent`), each a method of its own; the
 state lives with its owner (the models, the facts, the fallback, the stats).
+
+One class, a little over 400 lines: its methods are the pipeline's steps, which
+read best in the order they run; everything they keep lives in the other modules.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 from edge_agent.agent.facts import FactSheet
 from edge_agent.agent.fallback import Fallback, ResultCache, degrade
 from edge_agent.agent.models import LocalModel, LocalModels, Timing
-from edge_agent.agent.result import AgentResult, Request
+from edge_agent.agent.result import AgentResult, Request, as_arrays
 from edge_agent.agent.sources import ModelSource
 from edge_agent.agent.stats import AgentStats
 from edge_agent.offload.client import OffloadClient
@@ -38,7 +41,7 @@ from edge_core.errors import (
 from edge_core.names import check_model_name
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
-from edge_core.tensors import datatype_of, format_shape
+from edge_core.tensors import datatype_of
 
 __all__ = ["DEFAULT_POLICY", "Agent"]
 
@@ -228,7 +231,7 @@ class Agent:
                 )
         return Request(
             model=model,
-            arrays=_arrays(inputs),
+            arrays=as_arrays(inputs),
             label=label,
             deadline=started + (deadline_ms or self.deadline_ms) / 1000,
             request_id=request_id or uuid.uuid4().hex,
@@ -426,26 +429,3 @@ def _confidence(outputs: dict[str, Array]) -> float:
     """The least confident row's top score, of the model's first output."""
     scores = next(iter(outputs.values()))
     return float(scores.reshape(len(scores), -1).max(axis=-1).min())
-
-
-def _arrays(inputs: Mapping[str, Any]) -> dict[str, Array]:
-    """The inputs as arrays; an empty batch is refused before anything runs.
-
-    Raises:
-        InputError: an input has no rows, or is not an array (a ragged list).
-    """
-    arrays = {}
-    for name, value in inputs.items():
-        try:
-            arrays[name] = np.asarray(value)
-        except ValueError as exc:  # e.g. [[1, 2], [3]]
-            raise InputError(
-                f"input {name!r} is not a tensor: {exc} (expected rows of equal length)"
-            ) from None
-    for name, array in arrays.items():
-        if array.ndim >= 1 and array.shape[0] == 0:
-            raise InputError(
-                f"input {name!r} is an empty batch (shape {format_shape(array.shape)}): "
-                "at least one row is expected"
-            )
-    return arrays

@@ -3,7 +3,7 @@ it (:class:`AgentResult`, made in one place: :meth:`Request.answer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +13,10 @@ from edge_agent.agent.models import Timing
 from edge_agent.policy import Decision
 from edge_agent.privacy import Findings
 from edge_agent.profiles.state import DeviceState
+from edge_core.errors import InputError
+from edge_core.tensors import format_shape
 
-__all__ = ["AgentResult", "Request"]
+__all__ = ["AgentResult", "Request", "as_arrays"]
 
 Array = np.ndarray[Any, Any]
 
@@ -108,3 +110,26 @@ class Request:
             error=error,
             load_ms=self.timing.load_ms,
         )
+
+
+def as_arrays(inputs: Mapping[str, Any]) -> dict[str, Array]:
+    """The inputs as arrays; an empty batch is refused before anything runs.
+
+    Raises:
+        InputError: an input has no rows, or is not an array (a ragged list).
+    """
+    arrays = {}
+    for name, value in inputs.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except ValueError as exc:  # e.g. [[1, 2], [3]]
+            raise InputError(
+                f"input {name!r} is not a tensor: {exc} (expected rows of equal length)"
+            ) from None
+    for name, array in arrays.items():
+        if array.ndim >= 1 and array.shape[0] == 0:
+            raise InputError(
+                f"input {name!r} is an empty batch (shape {format_shape(array.shape)}): "
+                "at least one row is expected"
+            )
+    return arrays

@@ -39,9 +39,9 @@ from edge_agent.policy import ModelRule, load_policy
 from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
-from edge_core.package import ModelRepository
 from edge_core.processes import free_port, stop_process
 from edge_core.report import machine_info, render_table
+from edge_core.repository import ModelRepository
 
 __all__ = ["bench_agent", "gateway_process", "run_hybrid"]
 

@@ -28,9 +28,9 @@ from edge_agent.mqtt import MqttConnection
 from edge_agent.telemetry import Telemetry, TelemetryQueue
 from edge_core.errors import OffloadError
 from edge_core.mqtt import MqttSettings, new_client
-from edge_core.package import ModelRepository
 from edge_core.protocol.types import InferRequest
 from edge_core.report import machine_info, percentiles_ms, render_table
+from edge_core.repository import ModelRepository
 
 __all__ = ["format_mqtt", "run_mqtt"]
 

@@ -41,11 +41,11 @@ import numpy as np
 from edge_agent.bench.grpc_echo import METHOD
 from edge_agent.bench.hybrid import bench_agent, gateway_process
 from edge_agent.profiles.schema import DeviceProfile
-from edge_core.package import ModelRepository
 from edge_core.processes import stop_process
 from edge_core.protocol.grpc import request_to_proto
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.report import machine_info, percentiles_ms, render_table
+from edge_core.repository import ModelRepository
 
 __all__ = ["format_offload", "run_offload"]
 

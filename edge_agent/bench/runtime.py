@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from edge_agent.profiles.schema import DeviceProfile
-from edge_core.package import ModelPackage, ModelRepository, Variant
+from edge_core.package import ModelPackage, Variant
 from edge_core.report import machine_info, peak_rss_mb, percentiles_ms, render_table
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, Session, open_variant
 
 __all__ = ["BenchSettings", "format_report", "run_agent_path", "run_bench"]

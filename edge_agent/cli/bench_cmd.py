@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.cli.common import CliError, add_model_dir, add_profiles_dir, resolve_profile
-from edge_core.package import ModelRepository
 from edge_core.paths import default_model_dir
 from edge_core.report import write_json
+from edge_core.repository import ModelRepository
 from edge_core.runtime import installed_formats
 
 SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service")
@@ -121,7 +121,8 @@ def _mqtt(args: argparse.Namespace) -> int:
 
 
 def _service(args: argparse.Namespace) -> int:
-    from edge_agent.bench.service import ServiceSettings, format_service, run_service
+    from edge_agent.bench.service import ServiceSettings, run_service
+    from edge_agent.bench.service_report import format_service
 
     settings = ServiceSettings(
         requests=_requests(args, 300), soak_s=args.soak_s, starts=args.starts

@@ -22,7 +22,8 @@ from edge_agent.config import AgentConfig
 from edge_agent.policy.rules import LABELS
 from edge_agent.profiles import DeviceProfile
 from edge_core.errors import InputError
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
+from edge_core.repository import ModelRepository
 from edge_core.runtime import open_variant
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}

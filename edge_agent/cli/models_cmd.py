@@ -6,9 +6,9 @@ import argparse
 from typing import Any
 
 from edge_agent.cli.common import add_model_dir, existing_model_dir, print_json
-from edge_core.package import ModelRepository
 from edge_core.paths import default_model_dir
 from edge_core.report import render_table
+from edge_core.repository import ModelRepository
 
 
 def register(commands: Any) -> Any:

@@ -48,9 +48,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from edge_core.errors import IntegrityError, ModelNotFoundError, PackageError, UpdateError
+from edge_core.manifest import package_from_files
 from edge_core.names import MODEL_NAME_RULE, is_model_name
 from edge_core.ota.crypto import PlaintextReader, iter_plaintext, unwrap_key
-from edge_core.package import ModelPackage, package_from_files
+from edge_core.package import ModelPackage
 
 __all__ = ["OtaStore", "SlotInfo", "fsync_dir", "open_package"]
 

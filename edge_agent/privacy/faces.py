@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, Session, open_best
 
 __all__ = ["FULL_RANGE", "SHORT_RANGE", "AnchorSpec", "Face", "FaceDetector", "anchors", "nms"]

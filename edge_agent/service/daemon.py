@@ -47,7 +47,7 @@ from edge_agent.service.metrics import ServiceMetrics
 from edge_agent.service.notify import Notifier
 from edge_agent.service.thermal import ThermalController
 from edge_core.errors import ConfigError, EdgeError
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 __all__ = ["Daemon"]
 

@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
-from edge_core.package import ModelRepository
+from edge_core.repository import ModelRepository
 
 from .common import MODELS, DemoError, mosquitto_installed, tail
 from .inputs import choose_inputs

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
+from edge_core.repository import ModelRepository
 
 from .common import Array, DemoError, Describe
 

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.cli.infer_cmd import read_input
-from edge_core.package import ModelPackage, ModelRepository
+from edge_core.package import ModelPackage
 from edge_core.report import render_table
+from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_variant
 
 from .common import Array

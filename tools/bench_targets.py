@@ -1,0 +1,154 @@
+"""The performance targets of MISSION §7 (P1-P12), and how each is judged from the JSON of
+the benchmark that measures it (``tools/bench_page.py`` shows them beside the figures).
+A judge reads a report and says what was measured and whether it meets the target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FACES_DEFAULT", "TARGETS", "Report", "Target", "Verdict", "judge", "verdict"]
+
+Report = dict[str, Any]
+Verdict = tuple[str, bool | None]  # what was measured, and whether it meets the target
+
+Judge = Callable[[Report], Verdict]
+
+
+def _p1(report: Report) -> Verdict:
+    path = report["agent_path"]
+    target = float(report.get("targets", {}).get("overhead_us_p50", 25.0))
+    added = float(path["added_us"])
+    return f"{report['model']} ({path['variant']}): +{added:.1f} µs", added <= target
+
+
+def _p3(report: Report) -> Verdict:
+    variants = {v["variant"]: v for v in report["variants"]}
+    parts, verdicts = [], []
+    for c in report["int8_vs_fp32"]:
+        fp32 = variants[f"{c['format']}-fp32"]["p50_ms"]
+        text = f"{report['model']} {c['format']}: {c['speedup_p50']}x at batch 1"
+        if "accuracy_delta_points" in c:
+            text += f", {c['accuracy_delta_points']:+.2f} points"
+        if fp32 < 0.5:
+            parts.append(f"{text} (not judged: FP32 p50 {fp32:g} ms < 0.5 ms)")
+            continue
+        parts.append(text)
+        verdicts.append(c["speedup_p50"] >= 1.5 and c.get("accuracy_delta_points", 0.0) >= -1.0)
+    if not parts:
+        return f"{report['model']}: no INT8 and FP32 variants of one format", None
+    return "; ".join(parts), (all(verdicts) if verdicts else None)
+
+
+def _p2(report: Report) -> Verdict:
+    summary = report["summary"]
+    parts = [
+        f"{protocol}: {100 * s['share_of_lower_limit']:.0f}% of the lower limit, "
+        f"p99 {s['batching_p99_ms']:.1f} ms, {s['gain_over_per_request']}x per-request"
+        for protocol, s in ((p, summary[p]) for p in ("grpc", "http"))
+    ]
+    met = all(bool(summary[p]["meets_target"]) for p in ("grpc", "http"))
+    return f"at {summary['clients']} clients, " + "; ".join(parts), met
+
+
+def _p4(report: Report) -> Verdict:
+    summary = report["summary"]
+    growth = ", ".join(
+        f"{s['model_mb']} MB: +{s['install_peak_rss_increase_mb']} MB" for s in report["sizes"]
+    )
+    return (
+        f"slowest {summary['min_install_mb_s']:.0f} MB/s; peak RSS {growth}",
+        bool(summary["meets_throughput_target"]),
+    )
+
+
+def _p5(report: Report) -> Verdict:
+    ratios = report["ratios"]
+    return (
+        f"transport {ratios['transport']}x, Agent.infer {ratios['agent']}x the floor "
+        f"({report['floor_p50_ms']} ms)",
+        bool(report["meets_target"]),
+    )
+
+
+def _p6(report: Report) -> Verdict:
+    parts = [
+        f"{name}: {s['rss_median_mb']} MB, READY in {s['ready_max_s']} s (max)"
+        for name, s in report["startup"].items()
+    ]
+    met = all(s["rss_target_met"] and s["ready_target_met"] for s in report["startup"].values())
+    return "; ".join(parts), met
+
+
+def _p7(report: Report) -> Verdict:
+    summary = report["summary"]
+    return (
+        f"{summary['hybrid_minus_cloud_points']:+.2f} points against cloud-only, "
+        f"{100 * summary['hybrid_offloaded_share']:.1f}% offloaded",
+        bool(summary["meets_target"]),
+    )
+
+
+FACES_DEFAULT = "short, tiles 3x3, score >= 0.65"  # the FaceDetector's defaults
+
+
+def _p8(report: Report) -> Verdict:
+    result = report["results"][FACES_DEFAULT]
+    return (
+        f"the default detector: recall {result['recall']}, "
+        f"{result['clean_photos_with_detections']} face-free photos with a detection, "
+        f"{result['ms_per_image']} ms a scene",
+        result["recall"] >= 0.98 and result["ms_per_image"] <= 30,
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    what: str
+    target: str
+    kind: str  # the benchmark whose JSON judges it ("" : none yet)
+    judge: Judge | None = None
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("P1", "agent in-process overhead over a raw runtime call", "≤ 25 µs at p50",
+           "runtime", _p1),
+    Target("P2", "gateway with dynamic batching, 64 clients", "≥ 70% of the lower limit, "
+           "p99 ≤ 50 ms; gain over per-request reported", "gateway", _p2),
+    Target("P2b", "the gateway beside Triton (PyTriton) and MLServer", "ahead of the best peer "
+           "(gRPC ≥ 1.05×, HTTP ≥ 1.2×), p99 ≤ 50 ms", ""),
+    Target("P3", "INT8 against FP32 where compute dominates (FP32 p50 ≥ 0.5 ms)",
+           "≥ 1.5× faster, ≤ 1 point accuracy lost", "runtime", _p3),
+    Target("P4", "OTA install (verify + decrypt + write)", "≥ 400 MB/s; extra memory bounded, "
+           "not growing with model size", "ota", _p4),
+    Target("P5", "offload round trip over gRPC against a bare gRPC echo",
+           "≤ 1.5× the echo plus compute", "offload", _p5),
+    Target("P6", "agent idle memory with one INT8 TFLite model / start to READY",
+           "≤ 80 MB RSS / ≤ 1.5 s", "service", _p6),
+    Target("P7", "hybrid: light local model, heavy cloud model on low confidence",
+           "within 0.5 point of cloud-only, ≤ 25% offloaded", "hybrid", _p7),
+    Target("P8", "face recall of the privacy inspector", "≥ 0.98 on faces ≥ 32 px, false "
+           "alarms in ≤ 1 of 20 face-free photos, ≤ 30 ms a picture", "faces", _p8),
+    Target("P9", "stream pipeline against a sequential capture loop", "≥ 1.5× frames/s; "
+           "p99 ≤ 2 frame intervals + the slowest stage", ""),
+    Target("P10", "gateway in front of a remote engine", "≤ 15% throughput lost, "
+           "≤ 1 ms added at p50", ""),
+    Target("P11", "fleet simulation (1,000 and 10,000 devices)", "measured, and a "
+           "100,000-device plan from them", ""),
+    Target("P12", "the toolchain's INT8 on PP-OCRv4 det", "≥ 1.5× FP32 at batch 1, "
+           "map IoU ≥ 0.9", ""),
+)  # fmt: skip
+
+
+def verdict(met: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: "not judged"}[met]
+
+
+def judge(target: Target, report: Report) -> Verdict:
+    assert target.judge is not None
+    try:
+        return target.judge(report)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        return f"not in this JSON ({type(exc).__name__}: {exc})", None
