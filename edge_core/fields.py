@@ -13,6 +13,7 @@ silently lost).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import sys
@@ -91,7 +92,8 @@ class Fields:
         self._path = path
         self._prefix = prefix
         self._error = error
-        self._seen: set[str] = set()
+        self._seen: set[str] = set()  # the keys read
+        self._asked: set[str] = set()  # and those only asked about (optional tables)
 
     # -- errors -----------------------------------------------------------
 
@@ -106,6 +108,7 @@ class Fields:
     # -- reading ----------------------------------------------------------
 
     def has(self, key: str) -> bool:
+        self._asked.add(key)
         return key in self._data
 
     def _get(self, key: str, default: Any) -> Any:
@@ -259,7 +262,10 @@ class Fields:
         Raises:
             ConfigError: an unknown key (usually a misspelling).
         """
-        unknown = [key for key in self._data if key not in self._seen]
+        known = self._seen | self._asked
+        unknown = [key for key in self._data if key not in known]
         if unknown:
-            known = ", ".join(sorted(self._seen)) or "none"
-            raise self.fail(unknown[0], f"unknown field (known fields here: {known})")
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            listing = ", ".join(sorted(known)) or "none"
+            raise self.fail(unknown[0], f"unknown field ({hint}known fields here: {listing})")
