@@ -635,7 +635,14 @@ def test_metrics_need_a_token_by_default_and_survive_a_reload(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("path", "body", "headers", "status", "message"),
     [
-        ("/v2/models/digits-light/versions/%C2%B2", None, {}, 404, "has no version"),
+        # a malformed version is a 400 (one that is not loaded, a 404)
+        (
+            "/v2/models/digits-light/versions/%C2%B2",
+            None,
+            {},
+            400,
+            "expected a decimal integer from 1",
+        ),
         (
             "/v2/models/digits-light/infer",
             b"{}",
@@ -672,9 +679,9 @@ def test_inputs_that_once_gave_a_500(
     assert got == status and message in document["error"]
 
 
-def test_grpc_unicode_version_is_not_found(gateway: GatewayHandle) -> None:
+def test_grpc_unicode_version_is_malformed(gateway: GatewayHandle) -> None:
     client = tgrpc.InferenceServerClient(gateway.grpc_url)
     code, message = grpc_status(
         lambda: client.get_model_metadata("digits-light", "²", headers=gateway.headers())
     )
-    assert code == "StatusCode.NOT_FOUND" and "has no version" in message
+    assert code == "StatusCode.INVALID_ARGUMENT" and "expected a decimal integer" in message
