@@ -113,6 +113,22 @@ class GatewayMetrics:
             ["protocol"],
             registry=r,
         )
+        self.http_connections = Gauge(
+            "gateway_http_connections", "Open REST connections.", registry=r
+        )
+        self.http_connections_closed = Counter(
+            "gateway_http_connections_closed",
+            "REST connections closed by the gateway, by reason (idle, header_timeout, "
+            "body_timeout, header_too_large, malformed, evicted, refused).",
+            ["reason"],
+            registry=r,
+        )
+        self.accept_exhausted = Counter(
+            "gateway_accept_exhausted",
+            "Times the REST listener could not accept a connection for lack of descriptors "
+            "or memory (it then pauses accepting for a second).",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))
