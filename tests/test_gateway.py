@@ -19,10 +19,9 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from cloud_gateway.repository import EmbeddedBackend, LoadedModel
-from edge_core.package import ModelPackage, ModelRepository
-from edge_core.runtime import RuntimeOptions
+from edge_core.package import ModelRepository
 
+from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, start_gateway
 from .support.paths import MODELS
 
@@ -366,25 +365,6 @@ def test_rate_limit_per_device(tmp_path: Path) -> None:
 
 
 # -- batching -----------------------------------------------------------------------------------
-
-
-class SlowBackend(EmbeddedBackend):
-    """The embedded backend, with each run made slower (our own seam)."""
-
-    def __init__(self, delay: float) -> None:
-        super().__init__(RuntimeOptions(threads=1, warmup=1))
-        self.delay = delay
-
-    def load(self, package: ModelPackage) -> LoadedModel:
-        model = super().load(package)
-        run = model.run
-
-        def slow(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            time.sleep(self.delay)
-            return run(feed)
-
-        model.run = slow
-        return model
 
 
 def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
