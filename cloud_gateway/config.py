@@ -40,6 +40,22 @@ A TOML file (every field optional; command-line flags override it)::
     [metrics]
     public = false                   # true: /metrics without a token (it names devices)
 
+    [connections]                    # limits and timeouts of client connections
+    max_connections = 1000           # per front end; lowered to a third of what the
+                                     # descriptor limit leaves (RLIMIT_NOFILE - 64). REST:
+                                     # one more closes the longest-waiting idle connection,
+                                     # or is answered 503 when all are busy; gRPC: refused
+    header_timeout_s = 10.0          # REST: a request's headers, from its first byte (408);
+                                     # gRPC: the TLS and HTTP/2 handshake
+    max_header_bytes = 65536         # REST: request line and headers (431)
+    body_timeout_s = 60.0            # REST: a request's body, from the end of its headers (408)
+    keep_alive_timeout_s = 5.0       # REST: a connection waiting for a request (fresh, or
+                                     # answered) is closed after this
+    grpc_idle_timeout_s = 300.0      # gRPC: a connection with no call for this long: GOAWAY
+    grpc_max_connection_age_s = 1800.0   # gRPC: a connection this old: GOAWAY (the client
+    grpc_max_connection_age_grace_s = 30.0  # reconnects), its calls get this long to end
+    grpc_max_concurrent_streams = 100    # gRPC: calls at once on one connection
+
     [mqtt]                           # the MQTT bridge (offload, announcements); off when absent
     host = "127.0.0.1"
     port = 1883
@@ -51,6 +67,8 @@ A TOML file (every field optional; command-line flags override it)::
     ca = "ca.pem"                    # and cert/key for a client certificate
 
 A wrong field fails at start with the file, the field and what was expected.
+docs/notes/gateway-limits.md lists every limit and timeout with what happens
+when it is hit.
 """
 
 from __future__ import annotations
@@ -68,6 +86,7 @@ from edge_core.runtime import RuntimeOptions
 
 __all__ = [
     "BatchingSettings",
+    "ConnectionSettings",
     "GatewayConfig",
     "MqttBridgeSettings",
     "Overrides",
@@ -95,6 +114,34 @@ class RateLimitSettings:
     @property
     def enabled(self) -> bool:
         return self.requests_per_second > 0
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """Limits and timeouts of client connections (``[connections]``; what happens when
+    one is hit: docs/notes/gateway-limits.md).
+
+    ``max_connections``: per front end, lowered to a third of what the descriptor
+    limit leaves (``(RLIMIT_NOFILE - 64) // 3``). ``header_timeout_s``: REST, from a
+    request's first byte to the end of its headers; gRPC, the TLS and HTTP/2
+    handshake. ``max_header_bytes``: REST, the request line and headers.
+    ``body_timeout_s``: REST, from the end of the headers to the end of the body.
+    ``keep_alive_timeout_s``: REST, a connection waiting for a request, fresh or
+    answered. ``grpc_idle_timeout_s``: gRPC, a connection without a call.
+    ``grpc_max_connection_age_s``, ``grpc_max_connection_age_grace_s``: gRPC, a
+    connection's life, and how long its calls may still run after it.
+    ``grpc_max_concurrent_streams``: gRPC, calls at once on one connection.
+    """
+
+    max_connections: int = 1000
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    body_timeout_s: float = 60.0
+    keep_alive_timeout_s: float = 5.0
+    grpc_idle_timeout_s: float = 300.0
+    grpc_max_connection_age_s: float = 1800.0
+    grpc_max_connection_age_grace_s: float = 30.0
+    grpc_max_concurrent_streams: int = 100
 
 
 @dataclass(frozen=True)
@@ -147,6 +194,7 @@ class GatewayConfig:
     batching: BatchingSettings = field(default_factory=BatchingSettings)
     model_batching: dict[str, BatchingSettings] = field(default_factory=dict)
     metrics_public: bool = False
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     ota_repository: Path | None = None
     mqtt: MqttBridgeSettings | None = None
     source: Path | None = None
@@ -186,6 +234,29 @@ def _batching(fields: Fields, base: BatchingSettings) -> BatchingSettings:
                 "preferred_batch_sizes",
                 f"expected sizes from 1 to max_batch_size ({config.max_batch_size}), got {size}",
             )
+    fields.done()
+    return config
+
+
+def _connections(fields: Fields) -> ConnectionSettings:
+    base = ConnectionSettings()
+
+    def seconds(key: str) -> float:
+        return float(fields.number(key, getattr(base, key), minimum=0.001))
+
+    config = ConnectionSettings(
+        max_connections=fields.integer("max_connections", base.max_connections, minimum=1),
+        header_timeout_s=seconds("header_timeout_s"),
+        max_header_bytes=fields.integer("max_header_bytes", base.max_header_bytes, minimum=1024),
+        body_timeout_s=seconds("body_timeout_s"),
+        keep_alive_timeout_s=seconds("keep_alive_timeout_s"),
+        grpc_idle_timeout_s=seconds("grpc_idle_timeout_s"),
+        grpc_max_connection_age_s=seconds("grpc_max_connection_age_s"),
+        grpc_max_connection_age_grace_s=seconds("grpc_max_connection_age_grace_s"),
+        grpc_max_concurrent_streams=fields.integer(
+            "grpc_max_concurrent_streams", base.grpc_max_concurrent_streams, minimum=1
+        ),
+    )
     fields.done()
     return config
 
@@ -288,6 +359,7 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> Gatewa
         batching=batching,
         model_batching=model_batching,
         metrics_public=metrics_public,
+        connections=_connections(fields.table("connections", None)),
         ota_repository=resolve(ota_repository) if ota_repository else None,
         mqtt=mqtt,
         source=path,

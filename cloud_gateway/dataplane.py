@@ -2,7 +2,9 @@
 
 A front end parses its wire format into an :class:`InferRequest`,
 authenticates the caller and calls :meth:`DataPlane.infer`; the data plane
-checks the request against the model (names, datatypes, shapes), queues it in
+checks the model's name and version against the one rule of
+:mod:`edge_core.names` before anything is looked up (a 400 that gives the
+rule), checks the request against the model (names, datatypes, shapes), queues it in
 the model's batcher (or runs it directly when batching is off for the model),
 keeps its deadline, and returns an :class:`InferResponse`. Every error is one
 of :mod:`cloud_gateway.errors` (or the agent's tree), which the front ends map
@@ -29,6 +31,7 @@ from cloud_gateway.config import GatewayConfig
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.repository import LoadedModel, ServingRepository
 from edge_core.errors import BadRequest, DeadlineExceeded, PermissionDenied
+from edge_core.names import check_model_name, is_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.status import status_of
 from edge_core.tensors import format_shape
@@ -153,6 +156,8 @@ class DataPlane:
             await batcher.close()
 
     async def load(self, name: str) -> None:
+        """Raises: BadRequest (a malformed name), NotFound, Unavailable."""
+        check_model_name(name)
         loop = asyncio.get_running_loop()
         async with self._change_lock():
             added, removed = await loop.run_in_executor(
@@ -161,6 +166,8 @@ class DataPlane:
             await self._apply(added, removed)
 
     async def unload(self, name: str) -> None:
+        """Raises: BadRequest (a malformed name), NotFound."""
+        check_model_name(name)
         async with self._change_lock():
             for model in self.repository.unload(name):
                 await self._stop(model)
@@ -186,8 +193,24 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
+    def _model(self, name: str, version: str) -> LoadedModel:
+        """The loaded model a request names; the name and the version are checked
+        before anything is looked up with them.
+
+        Raises:
+            BadRequest: not a model name, or not a version.
+            NotFound: no such model or version is loaded.
+        """
+        return self.repository.get(check_model_name(name), parse_version(version))
+
+    def label(self, name: str) -> str:
+        """``name`` as a metric label: a loaded model's name, else ``unknown`` (clients
+        choose the names: each one would be a new series)."""
+        return name if is_model_name(name) and self.repository.versions(name) else "unknown"
+
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        model = self.repository.get(name, version)
+        """Raises: BadRequest (a malformed name or version), NotFound."""
+        model = self._model(name, version)
         return {
             "name": name,
             "versions": [str(v) for v in self.repository.versions(name)],
@@ -197,7 +220,8 @@ class DataPlane:
         }
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        self.repository.get(name, version)
+        """Raises: BadRequest (a malformed name or version), NotFound."""
+        self._model(name, version)
         return not self._stopping
 
     # -- requests ------------------------------------------------------------------------
@@ -216,7 +240,7 @@ class DataPlane:
 
     def count_failure(self, model: str, protocol: str, exc: BaseException) -> None:
         """Count a request refused before it reached :meth:`infer` (auth, limits, a bad body)."""
-        label = model if self.repository.versions(model) else "unknown"
+        label = self.label(model)
         self.metrics.requests.labels(label, protocol, status_of(exc).kind).inc()
         self.metrics.failures.labels(label, protocol, status_of(exc).kind).inc()
 
@@ -275,9 +299,9 @@ class DataPlane:
             RequestError or EdgeError: mapped to a status by the front end.
         """
         started = self._clock()
-        model_label = request.model_name
+        model_label: str | None = None
         try:
-            model = self.repository.get(request.model_name, request.model_version)
+            model = self._model(request.model_name, request.model_version)
             model_label = model.package.name
             feed = self._feed(model, request)
             wanted = None
@@ -303,8 +327,8 @@ class DataPlane:
             )
         except Exception as exc:
             status = status_of(exc)
-            if status.kind == "not_found" and model_label == request.model_name:
-                model_label = "unknown"  # clients choose the name: no new series for each one
+            if model_label is None:
+                model_label = self.label(request.model_name)
             self.metrics.requests.labels(model_label, protocol, status.kind).inc()
             self.metrics.failures.labels(model_label, protocol, status.kind).inc()
             if status.http >= 500:

@@ -1,5 +1,12 @@
 """Prometheus metrics of one gateway (its own registry: several gateways, or
-tests, can live in one process)."""
+tests, can live in one process).
+
+Every label value comes from a bounded set, never from what a client sends as
+it is: models are the loaded ones (anything else is ``unknown``), devices the
+registered ones (a request is counted by device only once authenticated),
+and the other labels (protocol, status, reason, group) from fixed lists or
+the operator's configuration.
+"""
 
 from __future__ import annotations
 
@@ -97,6 +104,29 @@ class GatewayMetrics:
             "gateway_mqtt_announcements",
             "Rollout announcements published, by group.",
             ["group"],
+            registry=r,
+        )
+
+        self.client_disconnects = Counter(
+            "gateway_client_disconnects",
+            "Requests whose client went away before their body was in.",
+            ["protocol"],
+            registry=r,
+        )
+        self.http_connections = Gauge(
+            "gateway_http_connections", "Open REST connections.", registry=r
+        )
+        self.http_connections_closed = Counter(
+            "gateway_http_connections_closed",
+            "REST connections closed by the gateway, by reason (idle, header_timeout, "
+            "body_timeout, header_too_large, malformed, evicted, refused).",
+            ["reason"],
+            registry=r,
+        )
+        self.accept_exhausted = Counter(
+            "gateway_accept_exhausted",
+            "Times the REST listener could not accept a connection for lack of descriptors "
+            "or memory (it then pauses accepting for a second).",
             registry=r,
         )
 

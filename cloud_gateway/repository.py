@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_core.errors import EdgeError, NotFound, PackageError, Unavailable
-from edge_core.fields import is_decimal
+from edge_core.errors import BadRequest, EdgeError, NotFound, PackageError, Unavailable
 from edge_core.manifest import load_package
+from edge_core.names import parse_version
 from edge_core.package import MANIFEST, ModelPackage
 from edge_core.runtime import RuntimeOptions, open_best, open_variant
 from edge_core.tensors import TensorSpec
@@ -139,8 +139,12 @@ class ServingRepository:
             if not folder.is_dir():
                 continue
             for child in folder.iterdir():
-                if is_decimal(child.name) and (child / MANIFEST).is_file():
-                    found[(folder.name, int(child.name))] = child
+                try:
+                    version = parse_version(child.name)
+                except BadRequest:
+                    continue  # not a version folder
+                if version is not None and (child / MANIFEST).is_file():
+                    found[(folder.name, version)] = child
         return found
 
     def scan(self, only: str | None = None) -> tuple[list[LoadedModel], list[LoadedModel]]:
@@ -235,8 +239,9 @@ class ServingRepository:
         log.info("unloaded %s on request", name)
         return list(versions.values())
 
-    def get(self, name: str, version: str = "") -> LoadedModel:
-        """The loaded model ``name`` at ``version`` (``""``: the newest).
+    def get(self, name: str, version: int | None = None) -> LoadedModel:
+        """The loaded model ``name`` at ``version`` (``None``: the newest). A dict
+        lookup: nothing of the name or the version reaches the filesystem.
 
         Raises:
             NotFound: no such model or version is loaded.
@@ -244,12 +249,12 @@ class ServingRepository:
         versions = self._models.get(name)
         if not versions:
             raise NotFound(f"unknown model {name!r}")
-        if not version:
+        if version is None:
             return versions[max(versions)]
-        if not is_decimal(version) or int(version) not in versions:
+        if version not in versions:
             known = ", ".join(str(v) for v in sorted(versions))
-            raise NotFound(f"model {name!r} has no version {version!r}; loaded versions: {known}")
-        return versions[int(version)]
+            raise NotFound(f"model {name!r} has no version '{version}'; loaded versions: {known}")
+        return versions[version]
 
     def versions(self, name: str) -> list[int]:
         return sorted(self._models.get(name, {}))

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import signal
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -33,6 +35,16 @@ from cloud_gateway.ota.rollouts import RolloutStore
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
 from cloud_gateway.rest.app import create_app
+from cloud_gateway.rest.connections import (
+    RESERVED_DESCRIPTORS,
+    ConnectionTracker,
+    Listener,
+    ThrottleFilter,
+    connection_cap,
+    install_exhaustion_handler,
+    protocol_class,
+    raise_descriptor_limit,
+)
 from edge_core.errors import ConfigError
 
 __all__ = ["Gateway", "GatewayThread"]
@@ -40,16 +52,28 @@ __all__ = ["Gateway", "GatewayThread"]
 log = logging.getLogger(__name__)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+# uvicorn's lines that any client can cause, as often as it likes
+_CLIENT_CAUSED = (
+    "Invalid HTTP request received.",
+    "Unsupported upgrade request.",
+    "No supported WebSocket library detected.",
+)
+
+
+def _bind(host: str, port: int) -> Listener:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say
     # they are TCP, and without it every response waits ~40 ms for a delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = Listener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 class Gateway:
@@ -72,6 +96,8 @@ class Gateway:
         self._http_task: asyncio.Task[None] | None = None
         self._grpc: grpc.aio.Server | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        self.connections: ConnectionTracker | None = None
+        self._undo: list[Callable[[], None]] = []  # what start() changed outside the gateway
         self.mqtt: MqttBridge | None = None
         if config.mqtt is not None:
             self.mqtt = MqttBridge(config.mqtt, self._mqtt_password(), self.plane, ota=self.ota)
@@ -105,10 +131,27 @@ class Gateway:
         loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
         log.info("models loaded: %s", ", ".join(loaded) or "none")
 
+        limits = config.connections
+        limit = raise_descriptor_limit(3 * limits.max_connections + RESERVED_DESCRIPTORS)
+        cap = connection_cap(limits.max_connections, limit)
+        log.info(
+            "at most %d connections on each front end (max_connections %d, descriptor limit %s)",
+            cap,
+            limits.max_connections,
+            limit or "none",
+        )
         options = [
             ("grpc.max_receive_message_length", config.max_body_bytes),
             ("grpc.max_send_message_length", config.max_body_bytes),
             ("grpc.so_reuseport", 0),
+            # past the cap, gRPC closes a new connection as soon as it is accepted
+            ("grpc.max_allowed_incoming_connections", cap),
+            # a connection that sends nothing (no TLS hello, no HTTP/2 preface) is closed
+            ("grpc.server_handshake_timeout_ms", _ms(limits.header_timeout_s)),
+            ("grpc.max_connection_idle_ms", _ms(limits.grpc_idle_timeout_s)),
+            ("grpc.max_connection_age_ms", _ms(limits.grpc_max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(limits.grpc_max_connection_age_grace_s)),
+            ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
         ]
         self._grpc = grpc.aio.server(options=options)
         add_to_server(InferenceServicer(self.plane), self._grpc)
@@ -127,6 +170,13 @@ class Gateway:
 
         sock = _bind(config.host, config.http_port)
         self.http_port = sock.getsockname()[1]
+        self.connections = ConnectionTracker(limits, cap, self.metrics)
+        sock.on_exhausted = self.connections.exhausted
+        self._undo.append(install_exhaustion_handler(asyncio.get_running_loop(), sock))
+        thinning = ThrottleFilter(_CLIENT_CAUSED)
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addFilter(thinning)
+        self._undo.append(lambda: uvicorn_log.removeFilter(thinning))
         tls_kwargs: dict[str, Any] = {}
         if config.tls is not None:
             tls_kwargs = {
@@ -140,6 +190,9 @@ class Gateway:
         self._http = uvicorn.Server(
             uvicorn.Config(
                 self.app,
+                http=protocol_class(self.connections),
+                ws="none",
+                timeout_keep_alive=math.ceil(limits.keep_alive_timeout_s),  # ours applies
                 log_level="warning",
                 access_log=False,
                 lifespan="off",
@@ -191,6 +244,8 @@ class Gateway:
         await self.plane.close()
         if self.ota is not None:
             self.ota.rollouts.close()
+        while self._undo:
+            self._undo.pop()()
 
     async def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully."""

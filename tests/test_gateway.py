@@ -19,11 +19,9 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from cloud_gateway.repository import EmbeddedBackend, LoadedModel
-from edge_core.package import ModelPackage
 from edge_core.repository import ModelRepository
-from edge_core.runtime import RuntimeOptions
 
+from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, start_gateway
 from .support.paths import MODELS
 
@@ -369,25 +367,6 @@ def test_rate_limit_per_device(tmp_path: Path) -> None:
 # -- batching -----------------------------------------------------------------------------------
 
 
-class SlowBackend(EmbeddedBackend):
-    """The embedded backend, with each run made slower (our own seam)."""
-
-    def __init__(self, delay: float) -> None:
-        super().__init__(RuntimeOptions(threads=1, warmup=1))
-        self.delay = delay
-
-    def load(self, package: ModelPackage) -> LoadedModel:
-        model = super().load(package)
-        run = model.run
-
-        def slow(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            time.sleep(self.delay)
-            return run(feed)
-
-        model.run = slow
-        return model
-
-
 def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
     _, body = http_request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
     text = body.decode() if isinstance(body, bytes) else json.dumps(body)
@@ -636,7 +615,14 @@ def test_metrics_need_a_token_by_default_and_survive_a_reload(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("path", "body", "headers", "status", "message"),
     [
-        ("/v2/models/digits-light/versions/%C2%B2", None, {}, 404, "has no version"),
+        # a malformed version is a 400 (one that is not loaded, a 404)
+        (
+            "/v2/models/digits-light/versions/%C2%B2",
+            None,
+            {},
+            400,
+            "expected a decimal integer from 1",
+        ),
         (
             "/v2/models/digits-light/infer",
             b"{}",
@@ -673,9 +659,9 @@ def test_inputs_that_once_gave_a_500(
     assert got == status and message in document["error"]
 
 
-def test_grpc_unicode_version_is_not_found(gateway: GatewayHandle) -> None:
+def test_grpc_unicode_version_is_malformed(gateway: GatewayHandle) -> None:
     client = tgrpc.InferenceServerClient(gateway.grpc_url)
     code, message = grpc_status(
         lambda: client.get_model_metadata("digits-light", "²", headers=gateway.headers())
     )
-    assert code == "StatusCode.NOT_FOUND" and "has no version" in message
+    assert code == "StatusCode.INVALID_ARGUMENT" and "expected a decimal integer" in message

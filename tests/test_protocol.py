@@ -179,3 +179,40 @@ def test_grpc_inconsistent_messages_are_refused() -> None:
     typed.inputs.add(name="x", datatype="FP16", shape=[1])
     with pytest.raises(ProtocolError, match="FP16 must be sent as raw_input_contents"):
         request_from_proto(typed)
+
+
+def test_rest_numbers_are_strict_json() -> None:
+    """No NaN or infinity, no integer Python refuses to convert (issue 11)."""
+    for token in ("NaN", "Infinity", "-Infinity"):
+        text = '{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [%s, 1]}]}'
+        assert f"{token} is not a JSON number" in bad((text % token).encode())
+    assert "out of range for FP32" in bad({"inputs": [tensor(data=[1e39, 1])]})
+    assert "out of range for FP16" in bad({"inputs": [tensor(datatype="FP16", data=[7e4, 1])]})
+    huge = b'{"inputs": [], "id": ' + b"9" * 5000 + b"}"
+    assert "an integer of more than 4300 digits" in bad(huge)
+    assert "must be a non-negative integer (microseconds)" in bad(
+        {"inputs": [tensor(data=[1, 2])], "parameters": {"timeout": 10**400}}
+    )
+
+
+def test_rest_non_finite_outputs_are_binary_or_refused() -> None:
+    nan = np.array([np.nan, np.inf], dtype=np.float32)
+    response = InferResponse("m", "1", {"y": nan})
+    as_json = InferRequest({}, {}, outputs=[RequestedOutput("y", binary_data=False)])
+    with pytest.raises(ProtocolError, match="output 'y' holds NaN or infinity"):
+        encode_infer_response(response, as_json)
+    body, header = encode_infer_response(response, InferRequest({}, {}, binary_output=True))
+    back = decode_infer_response(body, header).outputs["y"]
+    assert np.isnan(back[0]) and np.isinf(back[1])
+    # what Triton writes (bare tokens) is read on the client side
+    triton = b'{"outputs": [{"name": "y", "datatype": "FP32", "shape": [2], "data": [NaN, 1]}]}'
+    assert np.isnan(decode_infer_response(triton).outputs["y"][0])
+
+
+def test_lengths_sent_as_text_are_bounded() -> None:
+    from edge_core.protocol.types import parse_length
+
+    assert parse_length("0", "n") == 0 and parse_length("9" * 19, "n") == 10**19 - 1
+    for text in ("", "-1", " 1", "²", "1e3", "9" * 20, "1" * 5000):
+        with pytest.raises(ProtocolError, match="n must be a non-negative integer"):
+            parse_length(text, "n")

@@ -3,7 +3,9 @@
 A thin translation: parse the body (JSON, or JSON plus binary tensors),
 authenticate, call the data plane, encode the response. Errors become
 ``{"error": "<what was wrong>"}`` with the status from the one table in
-:mod:`cloud_gateway.errors`; nothing else (no traceback) reaches a client.
+:mod:`edge_core.status`; nothing else (no traceback) reaches a client. A
+client that goes away before its body is in is counted
+(``gateway_client_disconnects_total``) and logged at debug level only.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.metrics import CONTENT_TYPE
 from cloud_gateway.ota.service import OtaService
+from cloud_gateway.rest.body import read_body
 from cloud_gateway.rest.ota import add_ota_routes
-from edge_core.errors import BadRequest, EdgeError, PayloadTooLarge, RequestError, Unavailable
-from edge_core.fields import is_decimal
+from edge_core.errors import EdgeError, RequestError, Unavailable
 from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from edge_core.protocol.types import parse_length
 from edge_core.status import status_of
 
 __all__ = ["create_app"]
@@ -102,6 +106,14 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return JSONResponse({"error": "internal error"}, status_code=500)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
+        # A client that goes away mid-body is an ordinary event: counted, one line at
+        # debug level (any client can cause it, as often as it likes).
+        plane.metrics.client_disconnects.labels("http").inc()
+        log.debug("client went away during %s %s", request.method, request.url.path)
+        return Response(status_code=499)  # nginx's "client closed request"; never sent
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = "; ".join(
@@ -115,24 +127,6 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
 
     def authenticate(request: Request, *, admin: bool = False) -> Device:
         return plane.authenticate(parse_bearer(request.headers.get("authorization")), admin=admin)
-
-    async def read_body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not is_decimal(declared):
-                raise BadRequest("Content-Length must be a non-negative integer")
-            if int(declared) > max_body:
-                raise PayloadTooLarge(
-                    f"request body of {declared} bytes exceeds the limit of {max_body} bytes"
-                )
-        chunks = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                raise PayloadTooLarge(f"request body exceeds the limit of {max_body} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     # -- health (open) -------------------------------------------------------------------
 
@@ -186,11 +180,10 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
     async def infer(request: Request, name: str, version: str = "") -> Response:
         try:
             device = authenticate(request)
-            body = await read_body(request)
+            body = await read_body(request, max_body)
             header = request.headers.get(HEADER_LENGTH)
-            if header is not None and not is_decimal(header):
-                raise BadRequest(f"{HEADER_LENGTH} must be a non-negative integer")
-            infer_request = decode_infer_request(body, int(header) if header is not None else None)
+            length = None if header is None else parse_length(header, HEADER_LENGTH)
+            infer_request = decode_infer_request(body, length)
         except (RequestError, EdgeError) as exc:
             plane.count_failure(name, "http", exc)
             raise

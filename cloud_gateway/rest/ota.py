@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -10,7 +9,8 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from cloud_gateway.auth import Device
 from cloud_gateway.ota.service import OtaService
-from edge_core.errors import BadRequest
+from cloud_gateway.rest.body import read_body
+from edge_core.protocol.rest import load_json
 
 __all__ = ["add_ota_routes"]
 
@@ -43,11 +43,5 @@ def add_ota_routes(
     @app.post("/v2/ota/report", summary="Report an installation or a failure")
     async def report(request: Request) -> JSONResponse:
         device = authenticate(request)
-        body = await request.body()
-        if len(body) > MAX_REPORT_BYTES:
-            raise BadRequest(f"a report is at most {MAX_REPORT_BYTES} bytes")
-        try:
-            document = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise BadRequest(f"the report is not valid JSON: {exc}") from None
-        return JSONResponse(ota.report(device, document))
+        body = await read_body(request, MAX_REPORT_BYTES)
+        return JSONResponse(ota.report(device, load_json(body, "the report")))

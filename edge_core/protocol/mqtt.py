@@ -30,8 +30,9 @@ from edge_core.protocol.rest import (
     decode_infer_response,
     encode_infer_request,
     encode_infer_response,
+    load_json,
 )
-from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse, parse_length
 
 __all__ = [
     "REQUEST_FILTER",
@@ -104,9 +105,8 @@ def decode_request(topic: str, payload: bytes, properties: dict[str, str]) -> In
     if len(parts) != 3 or parts[0] != "offload" or parts[2] != "infer" or not parts[1]:
         raise ProtocolError(f"not a request topic: {topic!r}")
     length = properties.get(HEADER_PROPERTY)
-    if length is not None and not (length.isascii() and length.isdigit()):
-        raise ProtocolError(f"{HEADER_PROPERTY} must be a non-negative integer")
-    request = decode_infer_request(payload, int(length) if length is not None else None)
+    header_length = None if length is None else parse_length(length, HEADER_PROPERTY)
+    request = decode_infer_request(payload, header_length)
     request.model_name = parts[1]
     request.model_version = properties.get("model-version", "")
     return request
@@ -135,12 +135,15 @@ def decode_response(payload: bytes, properties: dict[str, str]) -> tuple[int, In
     status = properties.get("status", "200")
     if status != "200":
         try:
-            document: Any = json.loads(payload)
+            document: Any = load_json(payload, "the error", finite=False)
             message = str(document.get("error", "")) if isinstance(document, dict) else ""
-        except ValueError:
+        except ProtocolError:
             message = payload[:200].decode(errors="replace")
-        return (int(status) if status.isascii() and status.isdigit() else 500), message
+        try:
+            code = parse_length(status, "status")
+        except ProtocolError:
+            code = 500
+        return code, message
     length = properties.get(HEADER_PROPERTY)
-    if length is not None and not (length.isascii() and length.isdigit()):
-        raise ProtocolError(f"{HEADER_PROPERTY} must be a non-negative integer")
-    return 200, decode_infer_response(payload, int(length) if length is not None else None)
+    header_length = None if length is None else parse_length(length, HEADER_PROPERTY)
+    return 200, decode_infer_response(payload, header_length)

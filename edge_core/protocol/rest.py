@@ -9,6 +9,19 @@ for all), which is what stock ``tritonclient.http`` does by default.
 
 Both directions are here: the server side (decode requests, encode
 responses) and the client side (encode requests, decode responses).
+
+Numbers are strict JSON (RFC 8259), which has no NaN or infinity:
+
+- a request's JSON is refused (:class:`ProtocolError`, a 400) when it holds the
+  tokens ``NaN``, ``Infinity`` or ``-Infinity`` (which Python's ``json`` would
+  take), a number out of its datatype's range (``1e400``, or ``1e39`` for FP32,
+  which would become infinity), or an integer of more than 4,300 digits;
+- a response is never written with bare ``NaN`` tokens, which strict parsers
+  reject: an output asked for as JSON that holds NaN or an infinity is refused
+  with a message that says to ask for it as binary data, which carries every
+  IEEE 754 value. Triton writes the tokens instead (and its clients read them),
+  so a response *read* here (:func:`decode_infer_response`) may hold them;
+- binary tensor data is taken as it is, NaN included, in both directions.
 """
 
 from __future__ import annotations
@@ -39,12 +52,15 @@ __all__ = [
     "decode_infer_response",
     "encode_infer_request",
     "encode_infer_response",
+    "load_json",
 ]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
+def _split(
+    body: bytes, header_length: int | None, *, finite: bool = True
+) -> tuple[dict[str, Any], memoryview]:
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise ProtocolError(
@@ -53,15 +69,38 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memo
         header, rest = body[:header_length], memoryview(body)[header_length:]
     else:
         header, rest = body, memoryview(b"")
-    try:
-        document = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ProtocolError("the request body is nested too deeply") from None
+    document = load_json(header, "the request body", finite=finite)
     if not isinstance(document, dict):
         raise ProtocolError("the request body must be a JSON object")
     return document, rest
+
+
+def _refuse_constant(token: str) -> Any:
+    raise ProtocolError(f"{token} is not a JSON number (send non-finite values as binary data)")
+
+
+def load_json(data: bytes | str, what: str, *, finite: bool = True) -> Any:
+    """A JSON document a client sent; ``what`` names it in messages.
+
+    ``finite``: refuse the ``NaN`` and ``Infinity`` tokens that are not JSON (a
+    number too large for a float, such as ``1e400``, still reads as infinity:
+    the tensor checks refuse it with its input's name).
+
+    Raises:
+        ProtocolError: not UTF-8 JSON, nested too deeply, an integer of more than
+            4,300 digits, or (``finite``) a non-finite constant.
+    """
+    hooks: dict[str, Any] = {"parse_constant": _refuse_constant} if finite else {}
+    try:
+        return json.loads(data, **hooks)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"{what} is nested too deeply") from None
+    except ValueError:
+        # the only other ValueError the decoder raises: Python's limit on int() of
+        # long digit strings (4,300 digits); its message is advice for our own code
+        raise ProtocolError(f"{what} holds an integer of more than 4300 digits") from None
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:
@@ -72,7 +111,9 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> Array:
+def _json_data(
+    data: Any, datatype: str, shape: list[int], where: str, *, finite: bool = True
+) -> Array:
     count = element_count(shape)
     if datatype == "BYTES":
         flat = np.asarray(data, dtype=object).ravel()
@@ -97,7 +138,14 @@ def _json_data(data: Any, datatype: str, shape: list[int], where: str) -> Array:
             info = np.iinfo(dtype)
             if raw.size and (raw.min() < info.min or raw.max() > info.max):
                 raise ProtocolError(f"{where}: a value is out of range for {datatype}")
-        array = raw.astype(dtype).ravel()
+        # a float too large for the datatype becomes infinity: refused below, not warned about
+        with np.errstate(over="ignore"):
+            array = raw.astype(dtype).ravel()
+        if finite and dtype.kind == "f" and not np.isfinite(array).all():
+            raise ProtocolError(
+                f"{where}: a value is out of range for {datatype} (JSON numbers must be finite; "
+                "send NaN or infinity as binary data)"
+            )
     if array.size != count:
         raise ProtocolError(
             f"{where}: 'data' has {array.size} elements but shape {shape} needs {count}"
@@ -198,7 +246,12 @@ def _requested_outputs(value: Any) -> list[RequestedOutput] | None:
     return outputs
 
 
-def _json_values(array: Array, datatype: str) -> list[Any]:
+def _json_values(array: Array, datatype: str, where: str) -> list[Any]:
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ProtocolError(
+            f"{where} holds NaN or infinity, which JSON cannot carry: ask for it as binary data "
+            '(its "binary_data" parameter, or "binary_data_output" for every output)'
+        )
     if datatype == "BYTES":
         return [
             v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
@@ -209,7 +262,7 @@ def _json_values(array: Array, datatype: str) -> list[Any]:
 
 
 def _tensors(
-    arrays: dict[str, Array], datatypes: dict[str, str], binary: Callable[[str], bool]
+    arrays: dict[str, Array], datatypes: dict[str, str], binary: Callable[[str], bool], kind: str
 ) -> tuple[list[dict[str, Any]], list[bytes]]:
     """The body's tensor entries, and the binary data that follows the JSON header."""
     entries = []
@@ -222,7 +275,7 @@ def _tensors(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = _json_values(array, datatype)
+            entry["data"] = _json_values(array, datatype, f"{kind} {name!r}")
         entries.append(entry)
     return entries, blobs
 
@@ -230,7 +283,11 @@ def _tensors(
 def encode_infer_response(
     response: InferResponse, request: InferRequest
 ) -> tuple[bytes, int | None]:
-    """The response body and the JSON header's length (``None``: the body is plain JSON)."""
+    """The response body and the JSON header's length (``None``: the body is plain JSON).
+
+    Raises:
+        ProtocolError: an output asked for as JSON holds NaN or infinity.
+    """
     binary_names: set[str] = set()
     if request.outputs is None:
         if request.binary_output:
@@ -241,7 +298,7 @@ def encode_infer_response(
             for o in request.outputs
             if (o.binary_data if o.binary_data is not None else request.binary_output)
         }
-    entries, blobs = _tensors(response.outputs, {}, lambda name: name in binary_names)
+    entries, blobs = _tensors(response.outputs, {}, lambda name: name in binary_names, "output")
     document: dict[str, Any] = {
         "model_name": response.model_name,
         "model_version": response.model_version,
@@ -258,8 +315,12 @@ def encode_infer_response(
 
 
 def encode_infer_request(request: InferRequest, *, binary: bool = True) -> tuple[bytes, int | None]:
-    """An infer request body (client side); tensors as binary data unless ``binary`` is off."""
-    entries, blobs = _tensors(request.inputs, request.datatypes, lambda name: binary)
+    """An infer request body (client side); tensors as binary data unless ``binary`` is off.
+
+    Raises:
+        ProtocolError: ``binary`` is off and an input holds NaN or infinity.
+    """
+    entries, blobs = _tensors(request.inputs, request.datatypes, lambda name: binary, "input")
     document: dict[str, Any] = {"inputs": entries}
     if request.id:
         document["id"] = request.id
@@ -285,7 +346,8 @@ def decode_infer_response(body: bytes, header_length: int | None = None) -> Infe
     Raises:
         ProtocolError: the body is malformed.
     """
-    document, binary = _split(body, header_length)
+    # what Triton writes: NaN and Infinity tokens in JSON outputs
+    document, binary = _split(body, header_length, finite=False)
     raw_outputs = document.get("outputs")
     if not isinstance(raw_outputs, list):
         raise ProtocolError("the response has no 'outputs' list")
@@ -304,7 +366,9 @@ def decode_infer_response(body: bytes, header_length: int | None = None) -> Infe
             )
             offset += size
         else:
-            outputs[item["name"]] = _json_data(item.get("data"), datatype, shape, where)
+            outputs[item["name"]] = _json_data(
+                item.get("data"), datatype, shape, where, finite=False
+            )
     return InferResponse(
         model_name=str(document.get("model_name", "")),
         model_version=str(document.get("model_version", "")),

@@ -9,6 +9,7 @@ datatype (``BYTES`` tensors are object arrays of ``bytes``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,13 @@ __all__ = [
     "check_datatype",
     "check_shape",
     "element_count",
+    "parse_length",
 ]
 
 Array = np.ndarray[Any, Any]
+
+MAX_TIMEOUT_US = 2**63 - 1  # what gRPC's int64_param holds
+_LENGTH = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass
@@ -60,9 +65,14 @@ class InferRequest:
         value = self.parameters.get("timeout")
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 <= value <= MAX_TIMEOUT_US
+        ):
             raise ProtocolError(
-                f"parameter 'timeout' must be a non-negative integer (microseconds), got {value!r}"
+                "parameter 'timeout' must be a non-negative integer (microseconds) of at most "
+                f"{MAX_TIMEOUT_US}, got {value!r:.40}"
             )
         return value
 
@@ -74,6 +84,21 @@ class InferResponse:
     outputs: dict[str, Array]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_length(text: str, what: str) -> int:
+    """A length or count sent as text (a header, an MQTT property): decimal ASCII digits.
+
+    At most 19 digits, checked before ``int()`` sees them: Python refuses to convert
+    more than 4,300 digits with a ``ValueError`` that nobody would catch, and no
+    length a server accepts has more than 19.
+
+    Raises:
+        ProtocolError: anything else (a sign, spaces, "²", 5,000 digits).
+    """
+    if _LENGTH.fullmatch(text) is None:
+        raise ProtocolError(f"{what} must be a non-negative integer of at most 19 digits")
+    return int(text)
 
 
 def check_datatype(datatype: Any, where: str) -> str:
