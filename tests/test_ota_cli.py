@@ -198,9 +198,9 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
         thread.stop()
 
 
-def test_the_readme_runs_the_commands_in_this_order() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Over-the-air model updates") :]
+def test_the_docs_run_the_commands_in_this_order() -> None:
+    page = (ROOT / "docs" / "ota.md").read_text()
+    section = page[page.index("## The operator's commands") :]
     block = section[section.index("```sh") : section.index("```", section.index("```sh") + 5)]
     order = [
         block.index(command)

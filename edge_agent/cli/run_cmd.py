@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
+
+from edge_core.errors import EdgeError
 
 __all__ = ["register"]
 
@@ -31,4 +34,8 @@ def _run(args: argparse.Namespace) -> int:
     daemon = Daemon(args.config, http_port=args.http_port, grpc_port=args.grpc_port)
     config = daemon.load_config()  # a wrong file fails here, before anything starts
     setup_logging(config.logging.format, "debug" if args.debug else config.logging.level)
-    return daemon.run()
+    try:
+        return daemon.run()
+    except EdgeError as exc:  # from here on, in the log's format (a JSON line by default)
+        logging.getLogger("edge_agent").error("the agent stopped: %s", exc)
+        return 1

@@ -39,6 +39,8 @@ __all__ = ["GrpcApi"]
 
 log = logging.getLogger(__name__)
 
+MAX_DEADLINE_S = 365 * 86400.0  # a longer gRPC deadline is no deadline at all
+
 
 def _metadata(context: Any, key: str) -> str | None:
     for name, value in context.invocation_metadata() or ():
@@ -117,9 +119,10 @@ class GrpcApi:
 
     def _infer(self, request: Any, context: Any) -> Any:
         infer_request = request_from_proto(request)
-        remaining = context.time_remaining()
-        if remaining is not None and "timeout" not in infer_request.parameters:
-            infer_request.parameters["timeout"] = max(1, int(remaining * 1e6))
+        remaining = context.time_remaining()  # huge (not None) when the client set none
+        if remaining is not None and remaining < MAX_DEADLINE_S:
+            if "timeout" not in infer_request.parameters:
+                infer_request.parameters["timeout"] = max(1, int(remaining * 1e6))
         response = self.service.infer(
             infer_request,
             label=_metadata(context, "x-edge-label"),

@@ -14,6 +14,7 @@ import contextvars
 import json
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
@@ -45,8 +46,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+# Libraries that log a line per request at INFO (httpx: every update check's requests,
+# a 404 for the next root among them): their warnings and errors stay, their chatter
+# shows with level = "debug" only.
+CHATTY = ("httpx", "httpcore", "urllib3", "grpc", "paho", "asyncio")
+
+
 def setup_logging(format: str = "json", level: str = "info") -> None:
-    """Send the process's logs to stderr, as JSON lines or as text."""
+    """Send the process's logs to stderr, as JSON lines or as text: every line, an
+    uncaught exception in any thread and a Python warning included, in that format."""
     handler = logging.StreamHandler(sys.stderr)
     if format == "json":
         handler.setFormatter(JsonFormatter())
@@ -57,3 +65,27 @@ def setup_logging(format: str = "json", level: str = "info") -> None:
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    logging.captureWarnings(True)
+    threading.excepthook = _log_thread_exception
+    sys.excepthook = _log_exception
+
+
+def _log_exception(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    logging.getLogger("edge_agent").critical(
+        "uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, tb)
+    )
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    thread = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("edge_agent").error(
+        "uncaught %s in thread %s: %s",
+        args.exc_type.__name__,
+        thread,
+        args.exc_value,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+    )

@@ -11,9 +11,14 @@ translate their library's exceptions into :mod:`edge_core.errors`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import tempfile
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,10 +32,58 @@ __all__ = [
     "RuntimeOptions",
     "Session",
     "dequantize",
+    "native_stderr_to_log",
     "quantize",
+    "warn_once",
 ]
 
 log = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(logger: logging.Logger, message: str) -> None:
+    """Warn of ``message`` once a process (later: at debug level). For what holds for
+    the whole process, such as an execution provider this ONNX Runtime build lacks:
+    a device that loads a model at every update says it once, not every time. The
+    messages come from the profile's settings, a bounded set."""
+    with _warned_lock:
+        first = message not in _warned
+        _warned.add(message)
+    logger.log(logging.WARNING if first else logging.DEBUG, message)
+
+
+@contextlib.contextmanager
+def native_stderr_to_log(logger: logging.Logger) -> Iterator[None]:
+    """Route what native code writes to the process's stderr meanwhile into ``logger``:
+    ``INFO:`` lines (LiteRT's "Created TensorFlow Lite XNNPACK delegate for CPU.") at
+    debug level, anything else as a warning, so that a library's chatter stays out of
+    the command line's output and the service's JSON log, and nothing it says is lost.
+
+    File descriptor 2 is process-wide: another thread's writes meanwhile are routed
+    too (and logged, not lost). A temporary file, not a pipe: a long message cannot
+    block the writer.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        try:
+            sys.stderr.flush()
+            os.dup2(capture.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            for line in capture.read().decode(errors="replace").splitlines():
+                if line.strip():
+                    level = logging.DEBUG if line.startswith("INFO:") else logging.WARNING
+                    logger.log(level, "%s", line.strip())
+
 
 Array = np.ndarray[Any, Any]
 GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")

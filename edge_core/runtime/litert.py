@@ -17,10 +17,11 @@ delegate loader) are translated here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from edge_core.runtime.base import (
     RuntimeOptions,
     Session,
     dequantize,
+    native_stderr_to_log,
     quantize,
 )
 from edge_core.tensors import Quantization, TensorSpec, datatype_of
@@ -131,19 +133,22 @@ class LiteRTSession(Session):
                 interpreter_module.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
             )
         try:
-            try:
-                interpreter = interpreter_module.Interpreter(
-                    **source, experimental_delegates=delegates or None, **kwargs
-                )
-            except _ERRORS as exc:
-                if not delegates:
-                    raise
-                message = f"delegate(s) {', '.join(names)} refused the model ({exc}); using the CPU"
-                log.warning(message)
-                warnings.append(message)
-                names = []
-                interpreter = interpreter_module.Interpreter(**source, **kwargs)
-            interpreter.allocate_tensors()
+            with _first_interpreter():  # LiteRT's chatter: into the log
+                try:
+                    interpreter = interpreter_module.Interpreter(
+                        **source, experimental_delegates=delegates or None, **kwargs
+                    )
+                except _ERRORS as exc:
+                    if not delegates:
+                        raise
+                    message = (
+                        f"delegate(s) {', '.join(names)} refused the model ({exc}); using the CPU"
+                    )
+                    log.warning(message)
+                    warnings.append(message)
+                    names = []
+                    interpreter = interpreter_module.Interpreter(**source, **kwargs)
+                interpreter.allocate_tensors()
         except _ERRORS as exc:
             raise ModelLoadError(f"LiteRT cannot load the model: {exc}") from exc
 
@@ -240,3 +245,21 @@ class LiteRTSession(Session):
     def close(self) -> None:
         with self._lock:  # a run in progress finishes first
             self._interpreter = None
+
+
+_created = threading.Event()
+
+
+@contextlib.contextmanager
+def _first_interpreter() -> Iterator[None]:
+    """LiteRT tells stderr once a process, from C++, that it made the XNNPACK delegate
+    (when the first interpreter allocates its tensors): the first interpreter is made
+    with its native stderr routed into the log."""
+    if _created.is_set():
+        yield
+        return
+    try:
+        with native_stderr_to_log(log):
+            yield
+    finally:
+        _created.set()

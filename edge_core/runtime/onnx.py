@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from edge_core.errors import BackendUnavailableError, InferenceError, InputError, ModelLoadError
-from edge_core.runtime.base import Array, RuntimeOptions, Session
+from edge_core.runtime.base import Array, RuntimeOptions, Session, warn_once
 from edge_core.tensors import TensorSpec
 
 __all__ = ["OnnxSession"]
@@ -129,7 +129,7 @@ class OnnxSession(Session):
 
         providers, warnings = choose_providers(options.providers, ort.get_available_providers())
         for warning in warnings:
-            log.warning(warning)
+            warn_once(log, warning)
         provider_options = [dict(options.provider_options.get(name, {})) for name in providers]
         try:
             session = ort.InferenceSession(
