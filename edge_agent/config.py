@@ -62,7 +62,7 @@ the sample models, local only)::
     [telemetry]                     # needs [mqtt]; on by default when [mqtt] is there
     enabled = true
     interval_s = 30                 # status, decisions and latency every interval
-    max_messages = 10000            # the on-disk queue's bound (oldest dropped, counted)
+    max_messages = 10000            # the on-disk queue's bound (oldest unsent dropped, counted)
 
     [api]                           # the local inference API of `edge-agent run`
     host = "127.0.0.1"              # loopback only unless allow_remote (it has no auth)
