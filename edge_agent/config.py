@@ -45,6 +45,13 @@ the sample models, local only)::
     bandwidth = 0                   # bytes/s for downloads (0: no cap)
     attempts = 4                    # download attempts per check (each resumes the last)
     timeout_s = 30                  # per read of a download
+    min_rate = 4096                 # bytes/s every download (metadata too) must average over
+                                    # each rate_window_s, and its deadline: rate_window_s +
+                                    # its signed (or maximum) length / min_rate; slower, it is
+                                    # abandoned, its partial kept for the next check (0: none)
+    rate_window_s = 60
+    max_model_bytes = 2147483648    # a larger signed blob or plaintext is refused unfetched
+    min_free_bytes = 67108864       # free space a download must leave on its filesystem
 
     [mqtt]                          # the fleet's broker: telemetry, announcements, offload
     host = "broker.example"
@@ -58,7 +65,7 @@ the sample models, local only)::
     [telemetry]                     # needs [mqtt]; on by default when [mqtt] is there
     enabled = true
     interval_s = 30                 # status, decisions and latency every interval
-    max_messages = 10000            # the on-disk queue's bound (oldest dropped, counted)
+    max_messages = 10000            # the on-disk queue's bound (oldest unsent dropped, counted)
 
     [api]                           # the local inference API of `edge-agent run`
     host = "127.0.0.1"              # loopback only unless allow_remote (it has no auth)
@@ -138,6 +145,19 @@ class OtaSettings:
         bandwidth: bytes per second for blob downloads (0: no cap).
         attempts: download attempts (each resumes where the last stopped).
         timeout_s: per read.
+        min_rate: bytes per second that every download (blobs, key files and
+            metadata) must average over each ``rate_window_s``; its deadline is
+            ``rate_window_s`` plus its signed length (for metadata, python-tuf's
+            maximum length) at ``min_rate``. A download that falls behind is
+            abandoned, what arrived is kept, and the next check resumes it; so a
+            server that drips bytes cannot hold the update lock (0: no minimum
+            and no deadline). At most ``bandwidth`` when that is set.
+        rate_window_s: the window of ``min_rate``, and the deadline's slack.
+        max_model_bytes: a target whose signed blob or plaintext length is
+            larger is refused before any byte is fetched (the plaintext is held
+            in memory when the model is loaded).
+        min_free_bytes: the free space a download must leave on the state
+            directory's filesystem; one that would leave less is not started.
     """
 
     state_dir: Path
@@ -149,6 +169,10 @@ class OtaSettings:
     bandwidth: int = 0
     attempts: int = 4
     timeout_s: float = 30.0
+    min_rate: int = 4096
+    rate_window_s: float = 60.0
+    max_model_bytes: int = 2 << 30
+    min_free_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -339,7 +363,17 @@ def _ota(fields: Fields, resolve: Callable[[str], Path], state_dir: Path) -> Ota
         bandwidth=o.integer("bandwidth", defaults.bandwidth, minimum=0),
         attempts=o.integer("attempts", defaults.attempts, minimum=1),
         timeout_s=o.number("timeout_s", defaults.timeout_s, minimum=0.1),
+        min_rate=o.integer("min_rate", defaults.min_rate, minimum=0),
+        rate_window_s=o.number("rate_window_s", defaults.rate_window_s, minimum=0.1),
+        max_model_bytes=o.integer("max_model_bytes", defaults.max_model_bytes, minimum=1),
+        min_free_bytes=o.integer("min_free_bytes", defaults.min_free_bytes, minimum=0),
     )
+    if ota.bandwidth and ota.min_rate > ota.bandwidth:
+        # the cap would make every download fall below the minimum and be abandoned
+        raise o.fail(
+            "min_rate",
+            f"expected at most bandwidth ({ota.bandwidth} bytes/s), got {ota.min_rate}",
+        )
     o.done()
     return ota
 

@@ -1,19 +1,32 @@
 """Telemetry with store-and-forward: nothing is lost across broker or agent restarts.
 
-Every message first goes into a SQLite queue on disk (bounded: when full, the
-oldest are dropped and counted, and the count travels with the next status).
-A sender thread hands them to the MQTT connection in order, at QoS 1, while it
-is connected; a message leaves the queue only when the broker acknowledges
-it. So while the broker is unreachable messages wait on disk, and after a
-reconnect (or an agent restart) they go out in order before newer ones.
+Every message first goes into a SQLite queue on disk. A sender thread hands
+them to the MQTT connection in order, at QoS 1, while it is connected; a
+message leaves the queue only when the broker acknowledges it. So while the
+broker is unreachable messages wait on disk, and after a reconnect (or an
+agent restart) they go out in order before newer ones.
+
+The queue is bounded (``max_messages``): when it is full the oldest messages
+that have not been handed to the connection are dropped and counted, and the
+count travels with the next status. A message the connection holds already is
+never dropped: the connection delivers it (after a reconnect too, resent), so
+the count is exactly the messages that will never arrive.
+
+Delivery is at least once, not exactly once. A consumer sees a message again
+(1) as a broker redelivery, flagged DUP, and (2) as a new publish with DUP
+unset: after the agent stops without seeing a message acknowledged (a crash,
+``kill -9``, a power cut), the next start sends the rows the previous process
+had not deleted, and the broker may have had them already. Consumers
+de-duplicate by ``(device, seq)``: ``seq`` is the device's sequence number
+(persisted in the queue, increasing by one a message), so it also shows gaps
+(the dropped count says how many were dropped on purpose).
 
 Topics: ``devices/<id>/telemetry/<kind>`` with kinds ``status`` (profile,
 model versions, temperatures, power mode, queue), ``decisions``,
-``latency`` and ``ota``. Every message carries the device's sequence number
-(persisted), so a consumer can tell duplicates (at-least-once delivery) and
-gaps. The status also carries the link's counters: MQTT payloads dropped as
-unparsable (by subscription), and with an offload client its breaker's state,
-the exit guard's refusals (by reason) and responses that matched no request.
+``latency`` and ``ota``. The status also carries the link's counters: MQTT
+payloads dropped as unparsable (by subscription), and with an offload client
+its breaker's state, the exit guard's refusals (by reason) and responses that
+matched no request.
 
 Stopping (:meth:`Telemetry.stop`) queues one last periodic report, marked
 ``"final": true``, so the counts since the last interval are not lost; what
@@ -43,13 +56,21 @@ log = logging.getLogger(__name__)
 
 
 class TelemetryQueue:
-    """A bounded FIFO of messages in SQLite (thread-safe)."""
+    """A bounded FIFO of messages in SQLite (thread-safe).
+
+    It holds at most ``max_messages`` (or, if that is smaller, the messages in
+    flight: those :meth:`claim` marked as handed to the connection, which only
+    :meth:`remove` takes out).
+    """
 
     def __init__(self, path: Path, *, max_messages: int = 10_000) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_messages = max_messages
         self._lock = threading.Lock()
+        # the newest id handed to the connection by this process: it and the older rows
+        # still here are in flight (a new process has none; its rows are sent again)
+        self._handed = 0
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -76,7 +97,11 @@ class TelemetryQueue:
         return value
 
     def put(self, topic: str, build: Callable[[int], bytes]) -> int:
-        """Queue a message; ``build(seq)`` makes its payload with the next sequence number."""
+        """Queue a message; ``build(seq)`` makes its payload with the next sequence number.
+
+        Over the bound, the oldest messages not in flight are dropped (this one
+        too, if nothing older can go) and counted.
+        """
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -87,12 +112,14 @@ class TelemetryQueue:
                 )
                 excess = self._size() - self.max_messages
                 if excess > 0:
-                    self._db.execute(
+                    # never a message in flight: the connection delivers it anyway, and
+                    # counting it would count a message both delivered and dropped
+                    dropped = self._db.execute(
                         "DELETE FROM messages WHERE id IN "
-                        "(SELECT id FROM messages ORDER BY id LIMIT ?)",
-                        (excess,),
-                    )
-                    self._add("dropped", excess)
+                        "(SELECT id FROM messages WHERE id > ? ORDER BY id LIMIT ?)",
+                        (self._handed, excess),
+                    ).rowcount
+                    self._add("dropped", dropped)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -110,6 +137,18 @@ class TelemetryQueue:
                 (after, limit),
             ).fetchall()
         return [(int(i), str(t), bytes(p)) for i, t, p in rows]
+
+    def claim(self, message_id: int) -> bool:
+        """Mark ``message_id``, and every older message, as handed to the connection (in
+        flight: :meth:`put` no longer drops them). Claim in order, before handing.
+
+        Returns False if it was dropped meanwhile (counted: do not send it).
+        """
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM messages WHERE id=?", (message_id,)).fetchone():
+                self._handed = max(self._handed, message_id)
+                return True
+            return False
 
     def remove(self, message_id: int) -> None:
         with self._lock:
@@ -181,7 +220,8 @@ def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
 
 
 class Telemetry:
-    """Queues telemetry and forwards it over an :class:`MqttConnection`.
+    """Queues telemetry and forwards it over an :class:`MqttConnection`, at least once
+    (consumers de-duplicate by ``(device, seq)``: see the module's docstring).
 
     ``periodic()`` returns the messages to send every ``interval_s`` (by kind;
     :func:`agent_reports` for an agent); :meth:`emit` queues one at any time
@@ -295,6 +335,8 @@ class Telemetry:
             return 0
         handed = 0
         for message_id, topic, payload in self.queue.head(room, after):
+            if not self.queue.claim(message_id):
+                continue  # dropped (and counted) since it was read: never sent
             info = self.connection.publish(topic, payload, qos=1)
             with self._lock:
                 self._handed = message_id

@@ -27,7 +27,13 @@ them with the status :func:`edge_core.status.status_of` gives::
     │   ├── MetadataError        signed metadata failed verification (signature, rollback,
     │   │                        freeze, mix-and-match, untrusted key)
     │   ├── DownloadError        a download failed, was cut, or ran past its declared length
+    │   │   ├── DownloadRefused  the server's answer cannot be taken as it is (not retried)
+    │   │   ├── DownloadStalled  below the minimum rate or past its deadline (resumed later)
+    │   │   └── CorruptDownload  the bytes do not match their signed length and hash
+    │   │                        (also an IntegrityError)
     │   ├── IntegrityError       a blob's length, hash or authentication tag is wrong
+    │   ├── StorageError         the device cannot hold a download (size limit, free space,
+    │   │                        the filesystem refused to write)
     │   ├── NoKeyError           no data key this device can unwrap (another group's model)
     │   └── SmokeTestError       the new model failed its smoke test (rolled back)
     ├── BackendError             the inference runtime failed
@@ -56,9 +62,11 @@ __all__ = [
     "BadRequest",
     "BreakerOpen",
     "ConfigError",
+    "CorruptDownload",
     "DeadlineExceeded",
     "DownloadError",
     "DownloadRefused",
+    "DownloadStalled",
     "EdgeError",
     "InferenceError",
     "InputError",
@@ -84,6 +92,7 @@ __all__ = [
     "RequestError",
     "SmokeTestError",
     "Stopping",
+    "StorageError",
     "Unauthenticated",
     "Unavailable",
     "UpdateError",
@@ -221,8 +230,24 @@ class DownloadRefused(DownloadError):
         self.discard = discard
 
 
+class DownloadStalled(DownloadError):
+    """A download fell below its minimum rate or ran past its deadline and was abandoned:
+    what arrived is kept, and the next check resumes it."""
+
+
 class IntegrityError(UpdateError):
     """A blob's length, hash or authentication tag is wrong."""
+
+
+class CorruptDownload(DownloadError, IntegrityError):
+    """What was downloaded does not match its signed length and hash (changed in transit
+    or by the server): it is discarded, and the next check fetches it again."""
+
+
+class StorageError(UpdateError):
+    """The device cannot hold a download: it is over the configured maximum size or the
+    process's file-size limit, there is not enough free space, or the filesystem refused
+    to write (``ENOSPC``, ``EFBIG``). What was written of it is removed."""
 
 
 class NoKeyError(UpdateError):

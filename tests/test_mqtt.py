@@ -44,6 +44,7 @@ from edge_core.protocol.mqtt import (
 from edge_core.protocol.types import InferRequest, InferResponse
 
 from .support.broker import TestBroker
+from .support.mqtt_agent import CountingConnection
 from .support.paths import MODELS, ROOT
 
 GATEWAY_USER = "_gateway"
@@ -129,22 +130,21 @@ def seqs(messages: list[Any]) -> list[int]:
 
 
 def once(messages: list[Any]) -> list[Any]:
-    """The first delivery of each message, checking that every repeat is a redelivery.
+    """The first delivery of each message, as a consumer de-duplicates: by (device, seq).
 
-    QoS 1 is at-least-once between the broker and a subscriber: Mosquitto 2.0.11
-    sends a persistent subscriber some messages it had acknowledged again after a
-    restart (flagged DUP). The device's sequence number tells them apart.
+    Delivery is at least once. A repeat may be a broker redelivery (flagged DUP:
+    Mosquitto 2.0.11 sends a persistent subscriber some messages it had
+    acknowledged again after a restart) or a new publish (DUP unset: an agent
+    restarted after a ``kill -9`` sends the rows the killed one had not deleted).
     """
-    seen: set[int] = set()
+    seen: set[tuple[str, int]] = set()
     first = []
     for message in messages:
-        seq = json.loads(message.payload)["seq"]
-        if seq in seen:
-            assert message.dup, f"message {seq} arrived twice and not as a redelivery"
-            continue
-        assert not message.dup or not first or seq > seqs(first)[-1]
-        seen.add(seq)
-        first.append(message)
+        document = json.loads(message.payload)
+        key = (document["device"], document["seq"])
+        if key not in seen:
+            seen.add(key)
+            first.append(message)
     return first
 
 
@@ -294,6 +294,107 @@ def test_an_agent_killed_during_an_outage_loses_nothing(broker: TestBroker, tmp_
         messages = once(observer.received())
         assert [json.loads(m.payload)["index"] for m in messages] == list(range(35))
         assert seqs(messages) == list(range(1, 36))
+    finally:
+        stop_device(telemetry)
+        observer.close()
+
+
+@contextlib.contextmanager
+def stalled(broker: TestBroker) -> Iterator[None]:
+    """The broker stops reading (SIGSTOP), its connections up: what a client sends it
+    meanwhile stays in flight, unacknowledged, until it goes on (SIGCONT)."""
+    assert broker.process is not None
+    broker.process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        broker.process.send_signal(signal.SIGCONT)
+
+
+def unread(port: int) -> int:
+    """The bytes waiting in the receive queues of the sockets bound to ``port`` (Linux)."""
+    total = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    total += int(fields[4].split(":")[1], 16)
+    return total
+
+
+def publish_size(topic: str, payload: bytes) -> int:
+    """The bytes of an MQTT v5 QoS 1 PUBLISH without properties."""
+    remaining = 2 + len(topic.encode()) + 2 + 1 + len(payload)
+    return 1 + (1 if remaining < 128 else 2 if remaining < 16384 else 3) + remaining
+
+
+def test_a_full_queue_counts_only_what_will_not_be_delivered(
+    broker: TestBroker, tmp_path: Path
+) -> None:
+    observer = Client(broker.port, client_id="observer", persistent=True)
+    observer.subscribe("devices/+/telemetry/#")
+    connection = CountingConnection(MqttSettings(port=broker.port), device_id="cam-01")
+    queue = TelemetryQueue(tmp_path / "q.sqlite", max_messages=50)
+    telemetry = Telemetry(connection, queue, interval_s=3600)
+    connection.start()
+    telemetry.start()
+    try:
+        assert connection.wait_connected(10)
+        with stalled(broker):
+            for index in range(telemetry.window):
+                telemetry.emit("decisions", {"index": index})
+            assert connection.wait_handed(telemetry.window, 10)  # all of them in flight
+            for index in range(telemetry.window, 132):  # the queue overflows meanwhile
+                telemetry.emit("decisions", {"index": index})
+        assert telemetry.drain(20)
+        # the newest goes out last, on one connection, in order: then all the rest is in
+        wait_for(lambda: 132 in seqs(observer.received()), what="the newest message")
+        delivered = {json.loads(m.payload)["index"] for m in once(observer.received())}
+        assert set(range(telemetry.window)) <= delivered  # what was in flight, delivered
+        assert queue.dropped == 132 - len(delivered) == 82  # counted: exactly what is missing
+    finally:
+        stop_device(telemetry)
+        observer.close()
+
+
+def test_an_agent_killed_in_flight_sends_again_with_dup_unset(
+    broker: TestBroker, tmp_path: Path
+) -> None:
+    observer = Client(broker.port, client_id="observer", persistent=True)
+    observer.subscribe("devices/cam-01/telemetry/#")
+    queue = tmp_path / "q.sqlite"
+    command = [sys.executable, "-m", "tests.support.mqtt_agent", str(broker.port), str(queue)]
+    agent = subprocess.Popen(
+        [*command, "10", "--handed"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert agent.stdin is not None and agent.stdout is not None
+    try:
+        assert agent.stdout.readline().strip() == b"connected"
+        with stalled(broker):  # the ten go out, and the agent dies before any PUBACK
+            agent.stdin.write(b"go\n")
+            agent.stdin.flush()
+            assert agent.stdout.readline().strip() == b"queued"
+            waiting = TelemetryQueue(queue)  # the rows the agent sent: all on the wire?
+            sent = sum(publish_size(topic, payload) for _, topic, payload in waiting.head(10))
+            waiting.close()
+            wait_for(lambda: unread(broker.port) >= sent, what="the ten at the broker")
+            agent.send_signal(signal.SIGKILL)
+            agent.wait()
+    finally:
+        agent.kill()
+        agent.wait()
+    telemetry = device_telemetry(broker.port, queue)  # the agent, restarted
+    try:
+        assert telemetry.drain(20)
+        # the killed agent's messages, as many as the broker read before it saw the reset,
+        # then the restarted agent's ten, in order: the last is seq 10 again
+        wait_for(lambda: len(observer.received()) > 10 and seqs(observer.received())[-1] == 10)
+        messages = observer.received()
+        again = [m for i, m in enumerate(messages) if seqs([m])[0] in seqs(messages[:i])]
+        assert again and not any(m.dup for m in again)  # repeats, and not redeliveries
+        assert seqs(once(messages)) == list(range(1, 11))
     finally:
         stop_device(telemetry)
         observer.close()

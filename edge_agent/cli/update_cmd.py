@@ -65,7 +65,7 @@ def _update(args: argparse.Namespace) -> int:
     finally:
         updater.close()
     print_json({"outcomes": [o.to_dict() for o in outcomes]})
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 1 if any(o.status in ("failed", "refused") for o in outcomes) else 0
 
 
 def _rollback(args: argparse.Namespace) -> int:

@@ -16,25 +16,96 @@ any other ``Content-Encoding`` in the answer is refused before a byte is read,
 and bodies are read raw (:func:`_unencoded`): each byte limit counts the bytes
 on the wire, so a few hundred compressed bytes can never become hundreds of
 megabytes in memory before a limit sees them (a compression bomb).
+
+Every download, of a blob, a key file or metadata, is held to a :class:`Pace`:
+a minimum rate averaged over each window, and a deadline from its length
+(signed, or python-tuf's maximum for metadata) at that rate. One that falls
+behind is abandoned (:class:`~edge_core.errors.DownloadStalled`; a blob's
+bytes are kept for the next check to resume), so a server that drips bytes
+cannot hold the update, and its lock, for hours. A part that cannot be
+written (no space, a file-size limit) is a
+:class:`~edge_core.errors.StorageError`, and what was written is removed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import math
 import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from edge_core.errors import DownloadError, DownloadRefused
+from edge_core.errors import DownloadError, DownloadRefused, DownloadStalled, StorageError
 from edge_core.ota.plan import MAX_PLAN_BYTES
 
-__all__ = ["GatewayFetcher", "download_resumable", "fetch_plan"]
+__all__ = [
+    "UNPACED",
+    "GatewayFetcher",
+    "Pace",
+    "RateWatch",
+    "download_resumable",
+    "fetch_plan",
+]
 
 CHUNK = 1 << 20
 IDENTITY = {"accept-encoding": "identity"}
+# a write that fails for want of room: what was written is removed, the space is needed
+NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The least a download must keep up: ``min_rate`` bytes per second, averaged over
+    each ``window_s``, and done by its deadline, ``window_s`` plus its length at
+    ``min_rate`` after it started. ``min_rate`` 0: no minimum and no deadline."""
+
+    min_rate: int = 0
+    window_s: float = 60.0
+
+    def deadline(self, started: float, length: int) -> float:
+        """When a download of ``length`` bytes begun at ``started`` must be done. Pure."""
+        if not self.min_rate:
+            return math.inf
+        return started + self.window_s + length / self.min_rate
+
+
+UNPACED = Pace()  # no minimum rate, no deadline
+
+
+class RateWatch:
+    """One download held to its :class:`Pace` and deadline. Pure: the caller passes the
+    time and the bytes received, and abandons the download when :meth:`lag` says why."""
+
+    def __init__(self, pace: Pace, started: float, deadline: float) -> None:
+        self.pace = pace
+        self.started = started
+        self.deadline = deadline
+        self._since, self._mark = started, 0  # the current window: its start, its bytes
+
+    def lag(self, received: int, now: float) -> str | None:
+        """Why the download must be abandoned, ``received`` bytes in at ``now``, or ``None``."""
+        if now > self.deadline:
+            return f"past its deadline of {self.deadline - self.started:.1f} s"
+        elapsed = now - self._since
+        if self.pace.min_rate and elapsed >= self.pace.window_s:
+            rate = (received - self._mark) / elapsed
+            if rate < self.pace.min_rate:
+                return (
+                    f"{rate:.0f} bytes/s over the last {elapsed:.1f} s, below the minimum "
+                    f"of {self.pace.min_rate} bytes/s"
+                )
+            self._since, self._mark = now, received
+        return None
+
+    def timeout(self, per_read: float, now: float) -> float:
+        """The read timeout to ask for at ``now``: never past the deadline by more than
+        it had left then."""
+        return max(0.01, min(per_read, self.deadline - now))
 
 
 @contextmanager
@@ -87,23 +158,54 @@ def _fetcher_base() -> Any:
 
 
 class GatewayFetcher(_fetcher_base()):  # type: ignore[misc]
-    """python-tuf's fetcher over one keep-alive ``httpx.Client``."""
+    """python-tuf's fetcher over one keep-alive ``httpx.Client``, each download held to
+    ``pace`` (its deadline from the maximum length python-tuf allows it)."""
 
-    def __init__(self, client: Any, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        timeout: float = 30.0,
+        pace: Pace = UNPACED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.timeout = timeout
+        self.pace = pace
+        self.clock = clock
+        self._max_length = 0
+
+    @contextmanager
+    def download_file(self, url: str, max_length: int) -> Iterator[IO[bytes]]:
+        """python-tuf's download, unchanged; only the length it allows is noted (the
+        deadline of :meth:`_fetch` comes from it)."""
+        self._max_length = max_length
+        with super().download_file(url, max_length) as file:
+            yield file
 
     def _fetch(self, url: str) -> Iterator[bytes]:
         import httpx
         from tuf.api import exceptions
 
+        started = self.clock()
+        watch = RateWatch(self.pace, started, self.pace.deadline(started, self._max_length))
+        received = 0
         try:
-            with _unencoded(self.client, url, what=f"GET {url}", timeout=self.timeout) as response:
+            with _unencoded(
+                self.client, url, what=f"GET {url}", timeout=watch.timeout(self.timeout, started)
+            ) as response:
                 if response.status_code != 200:
                     raise exceptions.DownloadHTTPError(
                         f"GET {url}: {response.status_code}", response.status_code
                     )
-                yield from _raw(response, CHUNK)  # python-tuf counts these against its limit
+                for chunk in _raw(response):  # python-tuf counts these against its limit
+                    received += len(chunk)
+                    why = watch.lag(received, self.clock())
+                    if why is not None:
+                        raise exceptions.SlowRetrievalError(
+                            f"GET {url}: abandoned after {received} bytes, {why} (ota.min_rate)"
+                        )
+                    yield chunk
         except DownloadError as exc:
             raise exceptions.DownloadError(str(exc)) from exc
         except httpx.TimeoutException as exc:
@@ -112,27 +214,42 @@ class GatewayFetcher(_fetcher_base()):  # type: ignore[misc]
             raise exceptions.DownloadError(f"GET {url}: {exc}") from exc
 
 
-def fetch_plan(client: Any, *, timeout: float = 30.0) -> bytes:
-    """The body of ``GET /v2/ota/plan``, read as it arrives and cut at :data:`MAX_PLAN_BYTES`.
+def fetch_plan(
+    client: Any,
+    *,
+    timeout: float = 30.0,
+    pace: Pace = UNPACED,
+    clock: Callable[[], float] = time.monotonic,
+) -> bytes:
+    """The body of ``GET /v2/ota/plan``, read as it arrives and cut at :data:`MAX_PLAN_BYTES`,
+    at ``pace`` at least (its deadline from that cap).
 
     Asked for and accepted only unencoded: a compressed body could grow past
     the cap in one decoded piece.
 
     Raises:
+        DownloadStalled: it came slower than ``pace`` allows.
         DownloadError: the gateway cannot be reached or answers an error, the
             body is over the cap, or it comes compressed.
     """
     import httpx
 
     body = bytearray()
+    started = clock()
+    watch = RateWatch(pace, started, pace.deadline(started, MAX_PLAN_BYTES))
     try:
         with _unencoded(
-            client, "/v2/ota/plan", what="the update plan", timeout=timeout
+            client, "/v2/ota/plan", what="the update plan", timeout=watch.timeout(timeout, started)
         ) as response:
             for chunk in _raw(response):
                 body += chunk
                 if len(body) > MAX_PLAN_BYTES:
                     raise DownloadError(f"the update plan is over {MAX_PLAN_BYTES} bytes; refused")
+                why = watch.lag(len(body), clock())
+                if why is not None:
+                    raise DownloadStalled(
+                        f"the update plan: abandoned after {len(body)} bytes, {why} (ota.min_rate)"
+                    )
     except httpx.HTTPError as exc:
         raise DownloadError(f"cannot reach the gateway for the update plan: {exc}") from exc
     if response.status_code != 200:
@@ -149,6 +266,8 @@ def download_resumable(
     *,
     timeout: float = 30.0,
     bandwidth: int | None = None,
+    pace: Pace = UNPACED,
+    deadline: float | None = None,
     on_chunk: Callable[[int], None] = lambda done: None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
@@ -158,11 +277,17 @@ def download_resumable(
     Returns the file's SHA-256 (hex), computed as the bytes arrive (the bytes
     kept from an earlier, cut attempt are hashed first): the blob is read once.
     ``on_chunk`` is called with the bytes held after each chunk is written.
+    The download is held to ``pace``, and to ``deadline`` (on ``clock``; by
+    default the pace's deadline for the bytes still missing).
 
     Raises:
+        DownloadStalled: it fell below the pace's minimum rate or ran past the
+            deadline (the bytes received are kept: call again to resume).
         DownloadError: the connection failed or was cut (call again to resume),
             the server sent, or announced, more than ``length`` bytes, or it
             sent the blob with a content encoding.
+        StorageError: ``target`` cannot be written (no space, a file-size
+            limit: what was written is removed).
     """
     import httpx
 
@@ -178,10 +303,13 @@ def download_resumable(
     if have == length:
         return digest.hexdigest()
     headers = {"Range": f"bytes={have}-"} if have else {}
-    started, sent_since = clock(), 0
+    started, sent_since, received = clock(), 0, 0  # received: on this connection
+    watch = RateWatch(
+        pace, started, deadline if deadline is not None else pace.deadline(started, length - have)
+    )
     try:
         with _unencoded(
-            client, url, what=f"GET {url}", timeout=timeout, headers=headers
+            client, url, what=f"GET {url}", timeout=watch.timeout(timeout, started), headers=headers
         ) as response:
             if response.status_code == 206 and have:
                 if not response.headers.get("content-range", "").startswith(f"bytes {have}-"):
@@ -211,15 +339,39 @@ def download_resumable(
                     out.write(chunk)
                     digest.update(chunk)
                     have += len(chunk)
+                    received += len(chunk)
                     out.flush()
                     on_chunk(have)
+                    why = watch.lag(received, clock())
+                    if why is not None:
+                        raise _stalled(url, have, length, why)
                     if bandwidth:
                         sent_since += len(chunk)
                         ahead = sent_since / bandwidth - (clock() - started)
                         if ahead > 0:
                             sleep(ahead)
+    except httpx.TimeoutException as exc:
+        why = watch.lag(received, clock())  # a read timed out at the deadline
+        if why is not None:
+            raise _stalled(url, have, length, why) from exc
+        raise DownloadError(f"GET {url} failed at byte {have} of {length}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise DownloadError(f"GET {url} failed at byte {have} of {length}: {exc}") from exc
+    except OSError as exc:  # writing the part (httpx's errors are not OSErrors)
+        if exc.errno in NO_ROOM:
+            target.unlink(missing_ok=True)
+            raise StorageError(
+                f"cannot write {target} at byte {have} of {length}: {exc.strerror}; what was "
+                "written is removed, and the next check tries again"
+            ) from exc
+        raise StorageError(f"cannot write {target}: {exc.strerror}") from exc
     if have < length:
         raise DownloadError(f"GET {url} was cut at byte {have} of {length}")
     return digest.hexdigest()
+
+
+def _stalled(url: str, have: int, length: int, why: str) -> DownloadStalled:
+    return DownloadStalled(
+        f"GET {url}: abandoned at byte {have} of {length}, {why}; the {have} bytes are "
+        "kept for the next check to resume (ota.min_rate)"
+    )

@@ -13,8 +13,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from edge_agent.ota.fetch import GatewayFetcher
-from edge_core.errors import DownloadError, IntegrityError, MetadataError, NoKeyError
+from edge_agent.ota.fetch import UNPACED, GatewayFetcher, Pace
+from edge_core.errors import (
+    CorruptDownload,
+    DownloadError,
+    DownloadStalled,
+    IntegrityError,
+    MetadataError,
+    NoKeyError,
+)
 from edge_core.ota.plan import payload_target
 
 __all__ = ["SignedMetadata", "refresh"]
@@ -29,11 +36,15 @@ def refresh(
     trusted_root: bytes | None,
     timeout_s: float,
     expiry_slack_s: float = 0.0,
+    pace: Pace = UNPACED,
 ) -> SignedMetadata:
     """The repository's current metadata, verified from the cached (or enrolled) root.
 
+    Every metadata file (and later every key file) is fetched at ``pace`` at least.
+
     Raises:
         MetadataError: no trusted root, or the metadata fails verification.
+        DownloadStalled: a metadata file came slower than ``pace`` allows.
         DownloadError: the metadata cannot be fetched.
     """
     from tuf.api import exceptions
@@ -50,7 +61,7 @@ def refresh(
             metadata_base_url=f"{base}/v2/ota/metadata/",
             target_base_url=f"{base}/v2/ota/targets/",
             target_dir=str(downloads),
-            fetcher=GatewayFetcher(client, timeout=timeout_s),
+            fetcher=GatewayFetcher(client, timeout=timeout_s, pace=pace),
             config=UpdaterConfig(),
             bootstrap=bootstrap,
         )
@@ -62,6 +73,8 @@ def refresh(
         updater.refresh()
     except exceptions.RepositoryError as exc:
         raise MetadataError(f"the update metadata failed verification: {exc}") from exc
+    except exceptions.SlowRetrievalError as exc:
+        raise DownloadStalled(f"cannot fetch the update metadata: {exc}") from exc
     except exceptions.DownloadError as exc:
         raise DownloadError(f"cannot fetch the update metadata: {exc}") from exc
     return SignedMetadata(updater, downloads)
@@ -105,8 +118,10 @@ class SignedMetadata:
 
         Raises:
             NoKeyError: the gateway has no key file for ``group``.
+            DownloadStalled: it came slower than the pace allows.
             DownloadError: it cannot be fetched.
-            IntegrityError: it does not match its metadata, or is not a key file.
+            CorruptDownload: it does not match its signed length and hashes.
+            IntegrityError: it is not a key file.
         """
         from tuf.api import exceptions
 
@@ -116,10 +131,14 @@ class SignedMetadata:
             if exc.status_code in (403, 404):
                 raise NoKeyError(f"the gateway has no data key for group {group!r}") from exc
             raise DownloadError(f"cannot fetch the data key: {exc}") from exc
+        except exceptions.SlowRetrievalError as exc:
+            raise DownloadStalled(f"cannot fetch the data key: {exc}") from exc
         except exceptions.DownloadError as exc:
             raise DownloadError(f"cannot fetch the data key: {exc}") from exc
         except exceptions.RepositoryError as exc:
-            raise IntegrityError(f"the data key file does not match its metadata: {exc}") from exc
+            raise CorruptDownload(
+                f"the data key file does not match its signed length and hash: {exc}"
+            ) from exc
         try:
             document = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:

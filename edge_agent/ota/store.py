@@ -50,7 +50,7 @@ from typing import IO, Any
 from edge_core.errors import IntegrityError, ModelNotFoundError, PackageError, UpdateError
 from edge_core.manifest import package_from_files
 from edge_core.names import MODEL_NAME_RULE, is_model_name
-from edge_core.ota.crypto import PlaintextReader, iter_plaintext, unwrap_key
+from edge_core.ota.crypto import BlobHeader, PlaintextReader, iter_plaintext, unwrap_key
 from edge_core.package import ModelPackage
 
 __all__ = ["OtaStore", "SlotInfo", "fsync_dir", "open_package"]
@@ -332,16 +332,38 @@ class OtaStore:
             self._remove(slot)
 
 
-def open_package(payload: Path, key: bytes, *, name: str, version: int) -> ModelPackage:
+def open_package(
+    payload: Path,
+    key: bytes,
+    *,
+    name: str,
+    version: int,
+    plaintext_length: int | None = None,
+) -> ModelPackage:
     """A blob's package, decrypted and unpacked into memory (every tag is checked).
 
+    ``plaintext_length``: the length the signed metadata gives the plaintext;
+    the blob's header must say the same. Nothing past the header's length is
+    read (the header is bound into every chunk's tag), and no archive member
+    may claim more than is left of it (:func:`_untar`): memory never holds
+    more than the signed plaintext.
+
     Raises:
-        IntegrityError: a tag fails, or the blob is not a blob.
-        PackageError: the plaintext is not a package of ``name`` ``version``.
+        IntegrityError: a tag fails, the blob is not a blob, or its plaintext
+            length is not the signed one.
+        PackageError: the plaintext is not a package of ``name`` ``version``,
+            or holds anything but regular files (a sparse one included).
     """
     with payload.open("rb") as blob:
+        header = BlobHeader.read_from(blob)
+        if plaintext_length is not None and header.length != plaintext_length:
+            raise IntegrityError(
+                f"{name} v{version}: the blob holds {header.length} bytes of plaintext, but "
+                f"its signed metadata says {plaintext_length}; refused"
+            )
+        blob.seek(0)
         plaintext = PlaintextReader(iter_plaintext(blob, key, name=name, version=version))
-        files = _untar(io.BufferedReader(plaintext, CHUNK_READ), payload.parent)
+        files = _untar(io.BufferedReader(plaintext, CHUNK_READ), payload.parent, header.length)
         plaintext.drain()  # the tar's end padding, and the last tags
     package = package_from_files(files, payload.parent)
     if (package.name, package.version) != (name, version):
@@ -352,17 +374,37 @@ def open_package(payload: Path, key: bytes, *, name: str, version: int) -> Model
     return package
 
 
-def _untar(stream: IO[bytes], where: Path) -> dict[str, bytes]:
-    """The regular files of a tar archive read as a stream, in memory (names only, no
-    paths): each file's bytes are the only copy of the plaintext held."""
+REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+
+
+def _untar(stream: IO[bytes], where: Path, length: int) -> dict[str, bytes]:
+    """The regular files of a tar archive of ``length`` bytes read as a stream, in memory
+    (names only, no paths): each file's bytes are the only copy of the plaintext held.
+
+    Only plain regular files: a GNU or PAX sparse member stores next to nothing and
+    reads back as its full size in zeros (a few bytes of archive, gigabytes of
+    memory), so it is refused like links and devices; and a member whose size runs
+    past the end of the archive is refused before it is read.
+    """
     files: dict[str, bytes] = {}
     try:
         with tarfile.open(fileobj=stream, mode="r|") as archive:
             for member in archive:
                 if len(files) >= MAX_MEMBERS:
                     raise PackageError(f"{where}: too many files in the package")
-                if not member.isfile() or "/" in member.name or member.name.startswith("."):
+                if member.issparse() or member.type not in REGULAR:
+                    kind = "a sparse file" if member.issparse() else f"of type {member.type!r}"
+                    raise PackageError(
+                        f"{where}: archive member {member.name!r} is {kind}, not a regular "
+                        "file; refused"
+                    )
+                if "/" in member.name or member.name.startswith("."):
                     raise PackageError(f"{where}: unexpected archive member {member.name!r}")
+                if member.offset_data + member.size > length:
+                    raise PackageError(
+                        f"{where}: archive member {member.name!r} claims {member.size} bytes, "
+                        f"past the {length} bytes of the signed plaintext; refused"
+                    )
                 handle = archive.extractfile(member)
                 assert handle is not None
                 files[member.name] = handle.read()

@@ -10,13 +10,17 @@ time, across processes) and, for each model the gateway's plan names:
    newer than what is installed; a target published for device profiles
    (``models publish --profile``) that do not include this device's is
    skipped, not downloaded (not for this device: no fault, nothing reported);
-2. fetch the group's wrapped data key (a signed target too) and unwrap it;
-3. download the blob, resuming after a cut, never past its signed length
-   (partial downloads of targets no longer offered are removed);
+2. check that it fits (the maximum model size, the free space), fetch the
+   group's wrapped data key (a signed target too) and unwrap it;
+3. download the blob, resuming after a cut, never past its signed length,
+   never below the minimum rate nor past its deadline (an abandoned download
+   is kept and resumed at the next check; partial downloads of targets no
+   longer offered are removed);
 4. check its length and SHA-256 against the signed metadata, then every
    chunk's authentication tag, streaming (memory does not grow with the model);
-5. smoke-test it from the verified download: decrypt in memory, load it, run
-   its golden inputs, compare within tolerance, within the profile's latency
+5. smoke-test it from the verified download: decrypt in memory (within its
+   signed plaintext length, its variant the signed one), load it, run its
+   golden inputs, compare within tolerance, within the profile's latency
    budget (before anything on disk changes: a failed model costs nothing);
 6. write it to the inactive slot and flush it to disk;
 7. switch the active slot atomically, tell the agent (which swaps the model
@@ -28,7 +32,11 @@ version only when the signed targets metadata no longer lists it or marks it
 previous version that is itself still signed and not withdrawn. Otherwise it
 stays, and says why in the outcome and the log.
 
-Any failure leaves the active slot as it was and is reported. Verification
+Every download (the plan, metadata, key files, blobs) is held to the same
+pace (``ota.min_rate``), so no server can hold the check, and the lock, for
+longer than its deadline. Any failure leaves the active slot as it was and is
+reported: ``refused`` when the device did not take the version in (retried at
+the next check), ``failed`` when the version itself does not work. Verification
 of metadata is python-tuf's (pure, behind :mod:`edge_agent.ota.signed`);
 blob checks are :mod:`edge_core.ota.crypto`'s (pure); steps 2-7 are
 :mod:`edge_agent.ota.install`'s; this module decides, per model, whether to
@@ -47,13 +55,21 @@ from typing import Any
 
 from edge_agent.config import OtaSettings
 from edge_agent.ota.bundle import Enrollment
-from edge_agent.ota.fetch import fetch_plan
+from edge_agent.ota.fetch import Pace, fetch_plan
 from edge_agent.ota.install import Installer
 from edge_agent.ota.signed import SignedMetadata, refresh
 from edge_agent.ota.smoke import smoke_test
 from edge_agent.ota.store import OtaStore, SlotInfo
 from edge_agent.profiles.schema import DeviceProfile
-from edge_core.errors import ConfigError, MetadataError, ModelNotFoundError, UpdateError
+from edge_core.errors import (
+    ConfigError,
+    DownloadError,
+    IntegrityError,
+    MetadataError,
+    ModelNotFoundError,
+    StorageError,
+    UpdateError,
+)
 from edge_core.ota.plan import PlanEntry, parse_plan, payload_target
 from edge_core.package import ModelPackage
 
@@ -61,15 +77,24 @@ __all__ = ["OtaUpdater", "UpdateOutcome", "not_for_profile", "smoke_test"]
 
 log = logging.getLogger(__name__)
 
-REPORTED = ("installed", "failed", "rolled_back")
+REPORTED = ("installed", "failed", "rolled_back", "refused")
+# What the device did not take in: bytes that did not arrive (in time), did not match
+# their signed metadata, or did not fit. Reported "refused": that blocks nothing on the
+# device, which tries again at the next check (a "failed" version is not offered to it
+# again), so whoever can slow or corrupt bytes in transit cannot keep a version away.
+REFUSALS = (DownloadError, IntegrityError, StorageError)
 
 
 @dataclass
 class UpdateOutcome:
     """What one check did about one model.
 
-    ``status``: installed, failed, rolled_back (``version`` is the one left),
-    current, or skipped (the device stays; ``detail`` says why).
+    ``status``: installed, failed (the version was taken in and does not work
+    here: not verified as published for this device, not loadable, its smoke
+    test failed), refused (not taken in: its download, or its metadata, did
+    not verify, arrive in time or fit; tried again at the next check),
+    rolled_back (``version`` is the one left), current, or skipped (the
+    device stays; ``detail`` says why).
     """
 
     name: str
@@ -138,6 +163,7 @@ class OtaUpdater:
         self.on_progress = on_progress
         self.listeners: list[Callable[[UpdateOutcome], None]] = []  # told of every report
         self._lock = threading.Lock()  # one check at a time
+        self.pace = Pace(settings.min_rate, settings.rate_window_s)
         self._installer = Installer(
             self.store,
             self.client,
@@ -146,6 +172,9 @@ class OtaUpdater:
             attempts=settings.attempts,
             timeout_s=settings.timeout_s,
             bandwidth=settings.bandwidth or None,
+            pace=self.pace,
+            max_model_bytes=settings.max_model_bytes,
+            min_free_bytes=settings.min_free_bytes,
             on_step=lambda step: self.on_step(step),
             on_progress=lambda name, done, total: self.on_progress(name, done, total),
             on_installed=lambda name, package: self.on_installed(name, package),
@@ -162,6 +191,7 @@ class OtaUpdater:
             trusted_root=self.enrollment.trusted_root,
             timeout_s=self.settings.timeout_s,
             expiry_slack_s=self.settings.expiry_slack_s,
+            pace=self.pace,
         )
 
     # -- one check ------------------------------------------------------------------------
@@ -170,10 +200,11 @@ class OtaUpdater:
         """The gateway's plan (at most :data:`~edge_core.ota.plan.MAX_PLAN_BYTES`).
 
         Raises:
-            DownloadError: the gateway cannot be reached, or its plan is too
-                long or malformed.
+            DownloadError: the gateway cannot be reached, its plan comes too
+                slowly, or is too long or malformed.
         """
-        return parse_plan(fetch_plan(self.client, timeout=self.settings.timeout_s))
+        body = fetch_plan(self.client, timeout=self.settings.timeout_s, pace=self.pace)
+        return parse_plan(body)
 
     def check(self) -> list[UpdateOutcome]:
         """One update check for every model the plan names.
@@ -308,8 +339,9 @@ class OtaUpdater:
         try:
             info, smoke = self._installer.install(signed, name, version)
         except UpdateError as exc:
-            log.warning("update of %s to v%d failed: %s", name, version, exc)
-            return UpdateOutcome(name, version, "failed", str(exc), time.monotonic() - started)
+            status = "refused" if isinstance(exc, REFUSALS) else "failed"
+            log.warning("update of %s to v%d %s: %s", name, version, status, exc)
+            return UpdateOutcome(name, version, status, str(exc), time.monotonic() - started)
         return UpdateOutcome(name, info.version, "installed", "", time.monotonic() - started, smoke)
 
     def report(self, outcome: UpdateOutcome) -> None:

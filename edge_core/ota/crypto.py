@@ -54,6 +54,14 @@ CHUNK_SIZE = 1 << 20
 WRAP_ALGORITHM = "X25519-HKDF-SHA256-AES256GCM"
 
 
+class Reads(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+class Readable(Reads, Protocol):
+    def readinto(self, buffer: Any, /) -> int | None: ...
+
+
 @dataclass(frozen=True)
 class BlobHeader:
     chunk_size: int
@@ -71,6 +79,15 @@ class BlobHeader:
     @property
     def blob_length(self) -> int:
         return HEADER.size + self.length + TAG * self.chunks
+
+    @classmethod
+    def read_from(cls, reader: Reads) -> BlobHeader:
+        """The header at the start of a blob being read.
+
+        Raises:
+            IntegrityError: it is not a blob's header.
+        """
+        return cls.parse(reader.read(HEADER.size))
 
     @classmethod
     def parse(cls, raw: bytes) -> BlobHeader:
@@ -144,7 +161,7 @@ def iter_plaintext(reader: IO[bytes], key: bytes, *, name: str, version: int) ->
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    header = BlobHeader.parse(reader.read(HEADER.size))
+    header = BlobHeader.read_from(reader)
     aead = AESGCM(key)
     remaining = header.length
     for index in range(header.chunks):
@@ -167,12 +184,6 @@ def iter_plaintext(reader: IO[bytes], key: bytes, *, name: str, version: int) ->
         raise IntegrityError("the blob goes on past its last chunk")
 
 
-class Readable(Protocol):
-    def read(self, size: int = -1, /) -> bytes: ...
-
-    def readinto(self, buffer: Any, /) -> int | None: ...
-
-
 def verify_blob(
     reader: Readable,
     key: bytes,
@@ -193,7 +204,7 @@ def verify_blob(
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    header = BlobHeader.parse(reader.read(HEADER.size))
+    header = BlobHeader.read_from(reader)
     sealed = bytearray(header.chunk_size + TAG)
     scratch = bytearray(header.chunk_size + 15)
     remaining = header.length

@@ -2,6 +2,7 @@
 
     python tests/ota_installer.py BUNDLE STATE_DIR URL [--crash-at N | --list-steps]
                                  [--pause-at STEP --gate FILE]
+                                 [--file-limit-at STEP --file-limit BYTES]
 
 ``--crash-at N`` kills this process with SIGKILL at the N-th step (counted
 from 0 over the whole check, every model's steps in turn: step names repeat
@@ -9,6 +10,8 @@ from one model to the next, their indices do not), a power cut there;
 ``--list-steps`` prints every step instead, one a line, in that order.
 ``--pause-at STEP`` stops there, creates ``FILE.reached`` and waits until
 ``FILE`` exists (to hold one updater mid-install while another starts).
+``--file-limit-at STEP`` lowers this process's file-size limit (``ulimit -f``)
+to ``--file-limit`` bytes there: a disk that fills up during the download.
 Otherwise the outcomes are printed as JSON.
 """
 
@@ -18,6 +21,7 @@ import argparse
 import itertools
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -40,6 +44,8 @@ def main() -> int:
     parser.add_argument("--list-steps", action="store_true")
     parser.add_argument("--pause-at")
     parser.add_argument("--gate", type=Path)
+    parser.add_argument("--file-limit-at")
+    parser.add_argument("--file-limit", type=int)
     args = parser.parse_args()
 
     steps = itertools.count()
@@ -50,6 +56,9 @@ def main() -> int:
             print(step, flush=True)
         elif index == args.crash_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.file_limit_at:
+            hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+            resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_limit, hard))
         if step == args.pause_at:
             args.gate.with_name(args.gate.name + ".reached").touch()
             deadline = time.monotonic() + 60

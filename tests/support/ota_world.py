@@ -4,13 +4,16 @@ enrolled devices, and packages to publish (real ones and deliberately broken one
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib
 import json
 import shutil
 import socket
+import tempfile
 import threading
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +32,8 @@ from edge_agent.config import OtaSettings
 from edge_agent.ota import OtaStore, OtaUpdater, load_bundle
 from edge_agent.ota.bundle import Enrollment
 from edge_agent.profiles import ProfileStore
+from edge_core.ota.crypto import encrypt_file, unwrap_key
+from edge_core.ota.plan import key_target, payload_target
 
 from .packages import sized_package
 from .paths import MODELS, PROFILES
@@ -137,6 +142,51 @@ class OtaWorld:
     def store(self, device: Device) -> OtaStore:
         return OtaStore(device.state / "ota")
 
+    def data_key(self, name: str, version: int, group: str = GROUP) -> bytes:
+        """A published version's data key, unwrapped with the group's key as a device does."""
+        info = self.repo.targets()[key_target(group, name, version)]
+        directory, _, base = info.path.rpartition("/")
+        stored = self.repo.targets_dir / directory / f"{info.hashes['sha256']}.{base}"
+        private = self.groups.ensure(group)[0]
+        return unwrap_key(
+            json.loads(stored.read_text()), private, name=name, version=version, group=group
+        )
+
+    def resign(
+        self,
+        name: str,
+        version: int,
+        *,
+        blob: bytes | None = None,
+        length: int | None = None,
+        **custom: Any,
+    ) -> None:
+        """Sign new targets metadata in which ``name`` ``version`` is another ``blob`` (stored
+        beside the first), or has another signed ``length`` or other ``custom`` fields: what
+        the holder of the targets key can sign (a careless or compromised publisher)."""
+        with self.repo._locked():
+            targets = self.repo.load("targets")
+            info = targets.signed.targets[payload_target(name, version)]
+            if blob is not None:
+                sha = hashlib.sha256(blob).hexdigest()
+                folder = self.repo.targets_dir / "models" / name / str(version)
+                (folder / f"{sha}.payload").write_bytes(blob)
+                info.length, info.hashes = len(blob), {"sha256": sha}
+            if length is not None:
+                info.length = length
+            info.unrecognized_fields["custom"].update(custom)
+            self.repo._commit_targets(targets)
+
+    def reseal(self, name: str, version: int, plaintext: bytes) -> None:
+        """Sign ``plaintext`` as the package of ``name`` ``version``: encrypted with its data
+        key, its signed plaintext length the true one (see :meth:`resign`)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            source, blob = Path(tmp) / "plain", Path(tmp) / "blob"
+            source.write_bytes(plaintext)
+            key = self.data_key(name, version)
+            encrypt_file(source, blob, key, name=name, version=version)
+            self.resign(name, version, blob=blob.read_bytes(), plaintext_length=len(plaintext))
+
     def payload_file(self, name: str, version: int) -> Path:
         return next((self.repo.root / "targets" / "models" / name / str(version)).glob("*.payload"))
 
@@ -173,14 +223,63 @@ class GatewayTransport(httpx.HTTPTransport):
         super().__init__()
         self.answer = answer
         self.requests: list[tuple[str, str]] = []
+        self.ranges: dict[str, list[str | None]] = {}  # path -> the Range of each request
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self.requests.append((request.method, request.url.path))
+        self.ranges.setdefault(request.url.path, []).append(request.headers.get("range"))
         response = self.answer(request) if self.answer is not None else None
         return response if response is not None else super().handle_request(request)
 
     def blob_requests(self) -> list[str]:
         return [path for _, path in self.requests if "/v2/ota/targets/models/" in path]
+
+
+class DrippingTransport(GatewayTransport):
+    """The real gateway, but the bodies of the first ``times`` requests whose path
+    ``drip(path)`` picks trickle out at ``rate`` bytes a second, a few bytes at a time,
+    for at most ``for_s`` seconds (then the connection is cut): a slow or hostile
+    server, or one behind a link that barely moves. ``dripping`` is set when the first
+    such byte goes out."""
+
+    def __init__(
+        self, drip: Callable[[str], bool], *, rate: float, for_s: float = 20.0, times: int = 1
+    ) -> None:
+        super().__init__()
+        self.drip = drip
+        self.rate = rate
+        self.for_s = for_s
+        self.times = times
+        self.dripping = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if self.times <= 0 or not self.drip(request.url.path):
+            return response
+        self.times -= 1
+        return httpx.Response(
+            response.status_code, headers=response.headers, stream=_Drip(self, response)
+        )
+
+
+class _Drip(httpx.SyncByteStream):
+    def __init__(self, owner: DrippingTransport, response: httpx.Response) -> None:
+        self.owner = owner
+        self.response = response
+
+    def __iter__(self) -> Iterator[bytes]:
+        started = time.monotonic()
+        step = max(1, int(self.owner.rate / 20))  # twenty pieces a second
+        for chunk in self.response.stream:
+            for offset in range(0, len(chunk), step):
+                if time.monotonic() - started > self.owner.for_s:
+                    return  # cut short of its Content-Length
+                self.owner.dripping.set()
+                yield chunk[offset : offset + step]
+                time.sleep(step / self.owner.rate)  # the server's pace, not a test's wait
+
+    def close(self) -> None:
+        self.response.close()
 
 
 def plan_answer(body: bytes | Any) -> Any:

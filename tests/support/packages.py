@@ -1,9 +1,12 @@
 """Model packages built for a test: a valid ONNX model of a given size (its weight
-table is that big), with golden data, for updates that span several chunks."""
+table is that big), with golden data, for updates that span several chunks; and
+package archives with a member that inflates when it is read."""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edge_core.package import ModelPackage, Tolerance, Variant
 from edge_core.tensors import TensorSpec
 
-__all__ = ["sized_package"]
+__all__ = ["sized_package", "with_sparse_member"]
 
 
 def sized_package(folder: Path, megabytes: int) -> Path:
@@ -52,3 +55,22 @@ def sized_package(folder: Path, megabytes: int) -> Path:
         golden_file="golden.npz",
     ).write_manifest()
     return file
+
+
+def with_sparse_member(archive: bytes, name: str, size: int) -> bytes:
+    """``archive`` (a tar) with one more member: a GNU sparse file of ``size`` bytes that
+    stores none of them, all one hole (512 bytes of archive, ``size`` bytes when read).
+
+    The header is built by hand: Python's tarfile reads sparse members but never
+    writes them.
+    """
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        last = tar.getmembers()[-1]
+    end = last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size = tarfile.GNUTYPE_SPARSE, 0o600, 0  # 0 bytes stored
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    header[483:495] = tarfile.itn(size, 12, tarfile.GNU_FORMAT)  # its real size
+    header[148:156] = b" " * 8  # the checksum is summed over blanks in its place
+    header[148:156] = b"%06o\0 " % sum(header)
+    return archive[:end] + bytes(header) + b"\0" * (2 * tarfile.BLOCKSIZE)
