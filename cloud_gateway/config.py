@@ -79,7 +79,7 @@ from pathlib import Path
 
 from cloud_gateway import cpus
 from edge_core.errors import ConfigError
-from edge_core.fields import Fields, load_document
+from edge_core.fields import Fields, load_document, resolver
 from edge_core.mqtt import MqttSettings, read_mqtt
 from edge_core.package import FORMATS, PRECISIONS
 from edge_core.runtime import RuntimeOptions
@@ -275,11 +275,7 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> Gatewa
             raise ConfigError("no model repository given (--repository DIR or a config file)")
         return GatewayConfig(repository=overrides.repository).overridden(overrides)
     fields = Fields(load_document(path), path=path)
-    base = path.parent.absolute()
-
-    def resolve(value: str) -> Path:
-        candidate = Path(value)
-        return candidate if candidate.is_absolute() else base / candidate
+    resolve = resolver(path)
 
     default = GatewayConfig(repository=Path("."))
     repository = fields.string("repository", None)

@@ -99,7 +99,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edge_core.fields import Fields, load_document
+from edge_core.fields import Fields, load_document, resolver
 from edge_core.mqtt import MqttSettings, read_mqtt
 from edge_core.paths import default_model_dir
 from edge_core.tls import TLSSettings, read_tls
@@ -270,11 +270,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     if path is None:
         return AgentConfig()
     fields = Fields(load_document(path), path=path)
-    base = path.parent.absolute()
-
-    def resolve(value: str) -> Path:
-        candidate = Path(value).expanduser()
-        return candidate if candidate.is_absolute() else base / candidate
+    resolve = resolver(path)
 
     defaults = AgentConfig()
     model_dir = fields.string("model_dir", None)

@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
-__all__ = ["Fields", "is_decimal", "load_document"]
+__all__ = ["Fields", "is_decimal", "load_document", "resolver"]
 
 _DECIMAL = re.compile(r"[0-9]+")
 
@@ -37,6 +37,18 @@ def is_decimal(text: str) -> bool:
     """Whether ``text`` is ASCII digits only (``str.isdigit`` also takes "²" and "٣",
     which ``int()`` then refuses or reads differently)."""
     return _DECIMAL.fullmatch(text) is not None
+
+
+def resolver(path: Path) -> Callable[[str], Path]:
+    """How the paths a file gives are read: ``~`` expanded, and a relative one taken
+    relative to the file's folder, once (whatever the current directory)."""
+    base = path.parent.absolute()
+
+    def resolve(value: str) -> Path:
+        candidate = Path(value).expanduser()
+        return candidate if candidate.is_absolute() else base / candidate
+
+    return resolve
 
 
 T = TypeVar("T")

@@ -41,3 +41,22 @@ def test_a_name_far_from_any_gets_the_list_only(tmp_path: Path) -> None:
         load_policy(path)
     assert "did you mean" not in str(refused.value)
     assert "known fields here: " in str(refused.value)
+
+
+def test_relative_paths_resolve_against_the_files_folder_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dev-cam-01/agent.toml` once gave `dev-cam-01/dev-cam-01/state` for [ota]: the
+    same file must give the same paths however it is named."""
+    folder = tmp_path / "dev-cam-01"
+    folder.mkdir()
+    (folder / "agent.toml").write_text(
+        'state_dir = "state"\nmodel_dir = "models"\n[ota]\nbundle = "cam.json"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    relative = load_agent_config(Path("dev-cam-01/agent.toml"))
+    absolute = load_agent_config(folder / "agent.toml")
+    assert relative.ota is not None and absolute.ota is not None
+    assert relative.state_dir == absolute.state_dir == folder / "state"
+    assert relative.ota.state_dir == absolute.ota.state_dir == folder / "state"
+    assert relative.ota.bundle == folder / "cam.json" and relative.model_dir == folder / "models"

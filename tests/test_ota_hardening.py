@@ -48,13 +48,11 @@ def world(tmp_path: Path) -> Iterator[OtaWorld]:
     w.stop()
 
 
-def resume(world: OtaWorld, name: str, version: int) -> None:
-    """The operator resumes a rollout that one device's refusal paused (the gateway counts
-    refusals against a rollout). A refusal blocks nothing on the device: a ``failed``
-    version would not be offered to it again, resumed or not."""
+def still_active(world: OtaWorld, name: str, version: int) -> None:
+    """A refusal pauses no rollout (one device's path says nothing of the model) and
+    blocks nothing on the device: a ``failed`` version would not be offered again."""
     rollout = world.rollouts.get(name, version, GROUP)
-    assert rollout is not None and rollout.state == "paused"
-    world.rollouts.set_state(name, version, GROUP, "active")
+    assert rollout is not None and rollout.state == "active", rollout
 
 
 def offering_big(world: OtaWorld, tmp_path: Path, megabytes: int) -> Device:
@@ -120,7 +118,7 @@ def test_a_blob_served_at_a_trickle_is_abandoned_the_lock_released_and_resumed(
     kept = part.stat().st_size
     assert 0 < kept < length
     # the next check resumes from the bytes kept
-    resume(world, "big", 1)
+    still_active(world, "big", 1)
     transport = GatewayTransport()
     outcome = [o for o in world.updater(device, transport=transport).check() if o.name == "big"]
     assert [o.status for o in outcome] == ["installed"]
@@ -175,7 +173,7 @@ def test_a_signed_length_the_device_cannot_hold_is_refused_before_any_download(
     assert outcome.status == "refused"
     assert "over this device's maximum model size of 2147483648 bytes" in outcome.detail
     # allowed that large, it still does not fit on the disk
-    resume(world, "digits-light", 3)
+    still_active(world, "digits-light", 3)
     roomy = world.updater(device, transport=transport, max_model_bytes=10**16)
     outcome = roomy.check()[0]
     assert outcome.status == "refused"
@@ -200,7 +198,7 @@ def test_a_disk_that_fills_during_the_download_is_a_reported_refusal(
     assert not list(world.store(device).downloads.glob("*.part"))
     assert world.rollouts.device_status(device.id, "big", 1) == "refused"
     # with room again, the next check installs it
-    resume(world, "big", 1)
+    still_active(world, "big", 1)
     assert run_installer(device, world.url).returncode == 0
     assert_serves(world, device, 1, name="big")
     assert_serves(world, device, 2)
@@ -279,7 +277,7 @@ def test_a_resume_over_the_wrong_bytes_is_refused_and_retried(
     assert world.rollouts.device_status(device.id, "big", 1) == "refused"
     assert not part.exists()
     # nothing blocks it: the next check downloads it whole and installs it
-    resume(world, "big", 1)
+    still_active(world, "big", 1)
     outcomes = world.updater(device).check()
     assert [o.status for o in outcomes if o.name == "big"] == ["installed"]
     assert_serves(world, device, 1, name="big")

@@ -38,10 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Reports that count against a rollout: an install that failed, and metadata a device
-# refused (tampered, replayed, expired: the repository's fault, so it blocks nothing for
-# the device, which takes the version once its metadata verifies).
-FAILURES = ("failed", "refused")
+# Reports that count against a rollout: the version itself failed on the device (no key,
+# withdrawn, unloadable, its smoke test). A refusal does not: metadata or a download that
+# failed to verify (tampered, replayed, expired, corrupted in transit) says nothing of
+# the model, blocks nothing for the device (it tries again at its next check), and
+# whoever can corrupt bytes on one device's path must not pause the fleet's rollout.
+# Refusals are counted and shown (`rollout status`), for the operator to see.
+FAILURES = ("failed",)
 
 __all__ = ["Rollout", "RolloutStore", "in_slice"]
 
@@ -227,7 +230,7 @@ class RolloutStore:
         if not in_slice(device, name, rollout.percent):
             return None  # not sent this version by this rollout: not its evidence
         stats = self.stats(name, version, group)
-        failed = stats["failed"] + stats["refused"]
+        failed = sum(stats[status] for status in FAILURES)
         if failed / max(stats["reported"], 1) < rollout.failure_threshold:
             return None
         reason = (

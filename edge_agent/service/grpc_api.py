@@ -120,9 +120,12 @@ class GrpcApi:
     def _infer(self, request: Any, context: Any) -> Any:
         infer_request = request_from_proto(request)
         remaining = context.time_remaining()  # huge (not None) when the client set none
-        if remaining is not None and remaining < MAX_DEADLINE_S:
-            if "timeout" not in infer_request.parameters:
-                infer_request.parameters["timeout"] = max(1, int(remaining * 1e6))
+        if (
+            remaining is not None
+            and remaining < MAX_DEADLINE_S
+            and "timeout" not in infer_request.parameters
+        ):
+            infer_request.parameters["timeout"] = max(1, int(remaining * 1e6))
         response = self.service.infer(
             infer_request,
             label=_metadata(context, "x-edge-label"),
