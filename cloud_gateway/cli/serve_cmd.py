@@ -1,0 +1,71 @@
+"""``cloud-gateway serve`` and ``cloud-gateway bench``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from cloud_gateway.cli.common import config_of
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="serve a model repository")
+    serve.add_argument("--repository", type=Path, help="model repository directory")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--http-port", type=int, help="REST port (default 8000)")
+    serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
+    serve.set_defaults(run=_serve)
+
+    bench = commands.add_parser("bench", help="throughput and latency under concurrent load")
+    bench.add_argument("--model", default="digits-heavy")
+    bench.add_argument(
+        "--repository", type=Path, help="model repository (default: the sample models)"
+    )
+    bench.add_argument("--variant", default="onnx-int8", help="variant the gateway serves")
+    bench.add_argument("--concurrency", default="1,8,32,64", help="client counts")
+    bench.add_argument("--seconds", type=float, default=3.0, help="seconds per case")
+    bench.add_argument(
+        "--threads", type=int, help="runtime threads per inference (default: the inference cores)"
+    )
+    bench.add_argument(
+        "--inference-cpus",
+        default="auto",
+        help="cores for inference, e.g. 1 or 2,3; the front ends and clients get the others "
+        "(auto: the upper half of the cores; none: every thread on every core)",
+    )
+    bench.add_argument(
+        "--client",
+        choices=["raw", "tritonclient"],
+        default="raw",
+        help="raw: pre-encoded requests, answers checked (like perf_analyzer); "
+        "tritonclient: the stock aio clients",
+    )
+    bench.add_argument("--workers", type=int, default=1, help="inference threads of the gateway")
+    bench.add_argument("--spinning", action="store_true", help="let ONNX Runtime's threads spin")
+    bench.add_argument("--max-batch", type=int, default=64, help="max_batch_size with batching on")
+    bench.add_argument(
+        "--delay-us", type=int, default=0, help="max_queue_delay_us with batching on"
+    )
+    bench.add_argument("--json", type=Path, help="write the results here")
+    bench.add_argument(
+        "--chart", type=Path, help="draw throughput and p99 against concurrency (PNG)"
+    )
+    bench.set_defaults(run=_bench)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cloud_gateway.server import Gateway
+
+    gateway = Gateway(config_of(args))
+    asyncio.run(gateway.serve_forever())
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from cloud_gateway.bench import run_from_args
+
+    return run_from_args(args)
