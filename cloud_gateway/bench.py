@@ -1,5 +1,7 @@
 """``cloud-gateway bench``: the gateway under concurrent load, against its two limits.
 
+(About 400 lines: the run's cases, limits and report together.)
+
 In one run, on loopback:
 
 1. the model alone: items/s at its best batch size, no server (limit 1);

@@ -101,7 +101,8 @@ def create_fleet_link(
     """Telemetry (per ``[telemetry]``) and rollout announcements over ``connection``;
     ``agent()`` is the agent whose state the periodic telemetry reports."""
     from edge_agent.fleet import FleetLink
-    from edge_agent.telemetry import Telemetry, TelemetryQueue, agent_reports
+    from edge_agent.reports import agent_reports
+    from edge_agent.telemetry import Telemetry, TelemetryQueue
 
     telemetry = None
     if config.telemetry is not None:

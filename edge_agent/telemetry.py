@@ -21,7 +21,8 @@ de-duplicate by ``(device, seq)``: ``seq`` is the device's sequence number
 (persisted in the queue, increasing by one a message), so it also shows gaps
 (the dropped count says how many were dropped on purpose).
 
-Topics: ``devices/<id>/telemetry/<kind>`` with kinds ``status`` (profile,
+What the periodic messages say is :mod:`edge_agent.reports`'s. Topics:
+``devices/<id>/telemetry/<kind>`` with kinds ``status`` (profile,
 model versions, temperatures, power mode, queue), ``decisions``,
 ``latency`` and ``ota``. The status also carries the link's counters: MQTT
 payloads dropped as unparsable (by subscription), and with an offload client
@@ -42,15 +43,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge_agent.mqtt import MqttConnection
 from edge_core.protocol.mqtt import telemetry_topic
 
-if TYPE_CHECKING:
-    from edge_agent.agent import Agent
-
-__all__ = ["Telemetry", "TelemetryQueue", "agent_reports", "offload_report"]
+__all__ = ["Telemetry", "TelemetryQueue"]
 
 log = logging.getLogger(__name__)
 
@@ -167,56 +165,6 @@ class TelemetryQueue:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def offload_report(agent: Agent) -> dict[str, Any] | None:
-    """The state of an agent's offload link (``None`` without one): the breaker's
-    state and how often it opened, the exit guard's refusals by reason, and (for
-    transports that count them) responses that matched no request."""
-    offload = agent.offload
-    if offload is None:
-        return None
-    report: dict[str, Any] = {
-        "transport": offload.transport.name,
-        "breaker": offload.breaker.state,
-        "breaker_opened": offload.breaker.opened,
-        "guard_refusals": dict(offload.guard.refusals),
-    }
-    unmatched = getattr(offload.transport, "unmatched", None)
-    if isinstance(unmatched, int):
-        report["unmatched_responses"] = unmatched
-    return report
-
-
-def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
-    """The periodic telemetry of an agent, by kind: status, decisions, latency."""
-    state = agent.device_state()
-    stats = agent.stats.snapshot()
-    decisions = [
-        {"action": action, "reason": reason, "count": count}
-        for (action, reason), count in sorted(stats["decisions"].items())
-    ]
-    status: dict[str, Any] = {
-        "profile": agent.profile.id,
-        "power_mode": agent.power_mode,
-        "models": agent.loaded(),
-        "temperatures": dict(state.temperatures),
-        "throttled": state.throttled,
-        "critical": state.critical,
-        "cpu_load": state.cpu_load,
-    }
-    offload = offload_report(agent)
-    if offload is not None:
-        status["offload"] = offload
-    return {
-        "status": status,
-        "decisions": {
-            "decisions": decisions,
-            "degraded": stats["degraded"],
-            "cached_answers": stats["cached_answers"],
-        },
-        "latency": {"by_answerer": stats["latency"]},
-    }
 
 
 class Telemetry:

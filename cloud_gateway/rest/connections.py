@@ -1,6 +1,9 @@
 """The REST front end's connections: their timeouts, their number, and running out
 of descriptors.
 
+(Over 400 lines: one subclass of uvicorn's protocol and the accept loop's guard, whose
+limits interlock.)
+
 uvicorn times a connection out only once it has answered a request and waits
 for the next one (its keep-alive timeout, reset by any byte): a connection
 that never sends a byte, or trickles its headers or its body, is held for

@@ -1,5 +1,8 @@
 """Installed models, in two slots per model, switched atomically.
 
+(Over 400 lines: the slots, the switch and the reading of a slot into memory share one
+layout on disk and one set of crash rules; they stay together.)
+
 ::
 
     <state>/ota/models/<name>/a/      payload (the encrypted blob, as downloaded)

@@ -1,5 +1,7 @@
 """The device's updater: check, verify, download, smoke-test, install, switch, report.
 
+(Over 400 lines: the workflow of one check, each outcome beside the step that gives it.)
+
 One check (:meth:`OtaUpdater.check`) holds the store's lock (one update at a
 time, across processes) and, for each model the gateway's plan names:
 

@@ -374,7 +374,7 @@ class Daemon:
         if self.connection is not None:
             state["mqtt_dropped"] = self.connection.dropped_counts()
         if self.agent.offload is not None:
-            from edge_agent.telemetry import offload_report
+            from edge_agent.reports import offload_report
 
             state["offload"] = offload_report(self.agent)
         return state
