@@ -412,9 +412,13 @@ def test_latency_leaves_out_loading_the_model_which_is_reported_apart() -> None:
 
 
 def test_the_deadline_counts_the_local_queue_and_says_when_estimates_are_missing() -> None:
-    from edge_agent.policy import LatencyEstimate
+    from dataclasses import replace
+
+    from edge_agent.policy import LatencyEstimate, ModelRule
 
     agent = local_agent()
+    # no escalation here: explain would run the model for its confidence (see below)
+    agent.rules = replace(RULES, models={**RULES.models, "digits-light": ModelRule()})
     x = {"pixels": low_and_high_confidence()[1]}
     decision, _ = agent.explain("digits-light", x, deadline_ms=30)
     assert "no latency estimate yet for the device to weigh against" in decision.message
@@ -465,3 +469,31 @@ def test_the_remembered_variant_follows_precision_and_version() -> None:
         }
     finally:
         agent.close()
+
+
+def test_explain_runs_the_local_model_when_the_decision_depends_on_its_confidence(
+    tmp_path: Path,
+) -> None:
+    """`policy explain` said LOCAL/prefer_local for a digit the running agent sent to
+    the cloud (low_confidence): it now decides as infer does, knowing the confidence."""
+    handle = start_gateway(tmp_path, MODELS, poll_interval_s=0.0)
+    agent = Agent(
+        profile=ProfileStore(PROFILES).get("generic-x86_64"),
+        repository=ModelRepository(MODELS),
+        rules=RULES,
+        offload=OffloadClient(make_transport("grpc", handle.grpc_url, token=handle.device_token)),
+        device_state=lambda: DeviceState(),
+    )
+    try:
+        low, high = low_and_high_confidence()
+        for pixels, reason in ((low, "low_confidence"), (high, "confident")):
+            explained, _ = agent.explain("digits-light", {"pixels": pixels})
+            result = agent.infer("digits-light", {"pixels": pixels})
+            assert explained.reason == result.decision.reason == reason
+            assert explained.details["first"]["reason"] == "prefer_local"
+            assert 0 <= explained.details["local_confidence"] <= 1
+        # the explains sent nothing: the one escalated infer reached the gateway
+        assert metric(handle, "gateway_requests_total") == 1
+    finally:
+        agent.close()
+        handle.thread.stop()

@@ -21,6 +21,9 @@ EXPECTED = {
     "coral-dev-board",
     "generic-arm64",
     "generic-x86_64",
+    "raspberry-pi-3-32bit",
+    "raspberry-pi-4-32bit",
+    "generic-armv7l",
 }
 
 

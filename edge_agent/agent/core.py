@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,8 @@ class Agent:
             lambda: read_device_state(profile, root), clock=clock
         )
         self._clock = clock
-        self.power_mode = profile.default_power_mode
+        # the power mode in force, as the service that applies it says (None: none applied)
+        self.power_mode: str | None = profile.default_power_mode
 
     @property
     def offload(self) -> OffloadClient | None:
@@ -193,14 +195,28 @@ class Agent:
         label: str | None = None,
         deadline_ms: float | None = None,
     ) -> tuple[Decision, Findings]:
-        """The decision for this request and the findings behind it, without running a model."""
+        """The decision :meth:`infer` would make for this request, and the findings
+        behind it. Nothing leaves the device; the local model runs only when the
+        decision depends on its answer's confidence (a model that escalates), as
+        ``infer`` would run it, and the decision is then the one made knowing the
+        confidence (its ``details`` hold the confidence and the first decision)."""
         request = self._accept(model, inputs, label, deadline_ms, None, None)
         package = self.models.package(model)
         findings = self.inspector.inspect(
             request.arrays, package.preprocessing if package else None
         )
         facts = self.facts.of(model, label, findings, request.deadline, request.state)
-        return decide(facts, self.rules), findings
+        decision = decide(facts, self.rules)
+        if decision.action == Action.LOCAL and decision.escalate_to is not None:
+            local = self.models.get(model, request.timing)
+            confidence = _confidence(self.models.run(local, request.arrays))
+            facts = self.facts.of(
+                model, label, findings, request.deadline, request.state, confidence
+            )
+            second = decide(facts, self.rules)
+            details = {"local_confidence": round(confidence, 4), "first": decision.to_dict()}
+            decision = replace(second, details={**second.details, **details})
+        return decision, findings
 
     # -- the steps -------------------------------------------------------------------------
 

@@ -25,11 +25,10 @@ from edge_agent.cli import (
     service_cmd,
     update_cmd,
 )
+from edge_agent.cli.common import PROG
 from edge_core.cli import run_command
 
 __all__ = ["main"]
-
-PROG = "edge-agent"
 
 
 class _OneLineFormatter(logging.Formatter):

@@ -17,6 +17,7 @@ from edge_core.errors import EdgeError
 from edge_core.paths import default_model_dir, default_profiles_dir
 
 __all__ = [
+    "PROG",
     "CliError",
     "add_model_dir",
     "add_profiles_dir",
@@ -25,6 +26,9 @@ __all__ = [
     "print_json",
     "resolve_profile",
 ]
+
+
+PROG = "edge-agent"
 
 
 class CliError(EdgeError):

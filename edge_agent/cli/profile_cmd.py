@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import add_profiles_dir, print_json, profile_store
+from edge_agent.cli.common import PROG, add_profiles_dir, print_json, profile_store
 from edge_agent.profiles import apply_plan, detect_profile, plan_power_mode
 
 
@@ -61,11 +62,14 @@ def _list(args: argparse.Namespace) -> int:
 def _apply(args: argparse.Namespace) -> int:
     profile = profile_store(args).get(args.name)
     mode = profile.power_mode(args.mode)
-    plan = plan_power_mode(profile, mode.name, args.root)
+    warnings: list[str] | None = [] if args.dry_run else None
+    plan = plan_power_mode(profile, mode.name, args.root, warnings=warnings)
     verb = "would" if args.dry_run else "will"
     print(f"power mode {mode.name!r} of {profile.id}: {len(plan)} step(s)")
     for action in plan:
         print(f"  {verb} {action.describe()}")
+    for warning in warnings or ():
+        print(f"{PROG}: warning: {warning} (a real run would fail here)", file=sys.stderr)
     if not args.dry_run:
         apply_plan(plan)
         print("applied")

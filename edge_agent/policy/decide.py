@@ -90,6 +90,8 @@ class Decision:
         if self.escalate_to is not None:
             out["escalate_to"] = self.escalate_to
             out["escalate_below"] = self.escalate_below
+        if self.details:
+            out["details"] = self.details
         return out
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from edge_agent.profiles.schema import DeviceProfile, ProfileStore
 from edge_core.errors import ProfileError
 from edge_core.fields import is_decimal
+from edge_core.logs import warn_once
 from edge_core.paths import default_profiles_dir
 
 __all__ = [
@@ -44,7 +45,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_ARCH_ALIASES = {"arm64": "aarch64", "aarch64": "aarch64", "amd64": "x86_64", "x86_64": "x86_64"}
+_ARCH_ALIASES = {
+    "arm64": "aarch64",
+    "aarch64": "aarch64",
+    "amd64": "x86_64",
+    "x86_64": "x86_64",
+    "armv7l": "armv7l",
+    "armv8l": "armv7l",  # a 32-bit userland on a 64-bit CPU (its wheels are armv7l's)
+    "armv6l": "armv6l",
+}
 
 
 @dataclass(frozen=True)
@@ -99,13 +108,16 @@ def _read_text(path: Path) -> str:
 
 
 def _arch_from_cpuinfo(cpuinfo: str) -> str | None:
+    """The architecture ``/proc/cpuinfo`` describes. A 32-bit ARM kernel (Raspberry Pi
+    OS 32-bit, even on a 64-bit CPU) says ``ARMv7 Processor ... (v7l)`` and lists ``neon``
+    and ``vfpv4`` rather than ``asimd``; a 64-bit one says ``CPU architecture: 8``."""
     lowered = cpuinfo.lower()
     if "vendor_id" in lowered and "flags" in lowered:
         return "x86_64"
+    if "(v7l)" in lowered or "armv7 processor" in lowered or "cpu architecture: 7" in lowered:
+        return "armv7l"
     if "cpu architecture: 8" in lowered or ("features" in lowered and "asimd" in lowered):
         return "aarch64"
-    if "cpu architecture: 7" in lowered:
-        return "armv7l"
     return None
 
 
@@ -146,7 +158,11 @@ def read_facts(root: Path = Path("/")) -> DeviceFacts:
     tegra = _read_text(root / "etc/nv_tegra_release").strip()
     arch = _arch_from_cpuinfo(cpuinfo)
     if arch is None and (model or compatible or tegra):
-        arch = "aarch64"
+        arch = "aarch64"  # a device tree and nothing else to go by: the usual board's
+    if root.resolve() == Path("/").resolve() and _host_arch() in ("armv7l", "aarch64"):
+        # what runs here is the interpreter's: a 32-bit userland on a 64-bit kernel
+        # (cpuinfo says 8) takes armv7l wheels, and so the armv7l profiles
+        arch = _host_arch()
     if arch is None:
         if root.resolve() != Path("/").resolve():
             raise ProfileError(
@@ -249,6 +265,17 @@ def resolve_profile(
     """
     store = ProfileStore(profiles_dir or default_profiles_dir())
     if name:
-        return store.get(name), None
-    detection = detect_profile(list(store), root)
-    return detection.profile, detection
+        profile, detection = store.get(name), None
+    else:
+        detection = detect_profile(list(store), root)
+        profile = detection.profile
+    host = _host_arch()
+    if root.resolve() == Path("/").resolve() and profile.arch != host:
+        warning = (
+            f"profile {profile.id} is for {profile.arch} devices and this machine is {host}: "
+            "its runtimes, delegates and power modes may not apply here"
+        )
+        warn_once(log, warning)
+        if detection is not None:
+            detection.warnings.append(warning)
+    return profile, detection

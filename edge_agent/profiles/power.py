@@ -79,16 +79,30 @@ def _cpu_dirs(root: Path) -> list[Path]:
     )
 
 
-def plan_power_mode(profile: DeviceProfile, mode_name: str | None, root: Path) -> list[Action]:
+def plan_power_mode(
+    profile: DeviceProfile,
+    mode_name: str | None,
+    root: Path,
+    *,
+    warnings: list[str] | None = None,
+) -> list[Action]:
     """The actions that put the device under ``root`` into a power mode.
 
     Only reads (which CPUs exist, which governors and frequencies they offer).
+    With a ``warnings`` list (a dry run), what the device cannot take is said
+    there and its steps left out, instead of raised.
 
     Raises:
         ProfileError: the profile has no such mode.
         PowerError: the device cannot take the mode (no cpufreq, a governor
-            or frequency it does not offer).
+            or frequency it does not offer), unless ``warnings`` is given.
     """
+
+    def cannot(message: str) -> None:
+        if warnings is None:
+            raise PowerError(message)
+        warnings.append(message)
+
     mode: PowerMode = profile.power_mode(mode_name)
     actions: list[Action] = []
     # `jetson_clocks --restore` needs what `--store` saved before the clocks were raised.
@@ -109,7 +123,7 @@ def plan_power_mode(profile: DeviceProfile, mode_name: str | None, root: Path) -
     if mode.cpu_governor is not None or mode.cpu_max_freq_khz is not None:
         cpus = _cpu_dirs(root)
         if not cpus:
-            raise PowerError(f"no CPU frequency scaling under {root / CPU_DIR} (no cpu*/cpufreq)")
+            cannot(f"no CPU frequency scaling under {root / CPU_DIR} (no cpu*/cpufreq)")
         for cpu in cpus:
             freq = cpu / "cpufreq"
             if mode.cpu_governor is not None:
@@ -117,10 +131,11 @@ def plan_power_mode(profile: DeviceProfile, mode_name: str | None, root: Path) -
                 if available.is_file():
                     offered = available.read_text().split()
                     if mode.cpu_governor not in offered:
-                        raise PowerError(
+                        cannot(
                             f"{cpu.name} does not offer governor {mode.cpu_governor!r} "
                             f"(it offers {', '.join(offered)})"
                         )
+                        continue
                 actions.append(Action(path=freq / "scaling_governor", value=mode.cpu_governor))
             bounds = [freq / "cpuinfo_min_freq", freq / "cpuinfo_max_freq"]
             known = all(b.is_file() for b in bounds)

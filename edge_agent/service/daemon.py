@@ -96,6 +96,7 @@ class Daemon:
         self.agent: Agent
         self.config: AgentConfig
         self.thermal: ThermalController | None = None
+        self.power_mode: str | None = None  # the mode in force (None: none applied)
         self.updater: Any = None
         self.link: Any = None
         self.connection: Any = None
@@ -125,10 +126,9 @@ class Daemon:
             connection=self.connection,
             device_state=self.thermal.state if self.thermal is not None else None,
         )
-        if self.thermal is not None:
-            agent.power_mode = self.thermal.power_mode
-            if self.thermal.precision is not None:
-                agent.prefer_precision(self.thermal.precision)
+        agent.power_mode = self.power_mode
+        if self.thermal is not None and self.thermal.precision is not None:
+            agent.prefer_precision(self.thermal.precision)
         self._warm(agent, config)
         return agent
 
@@ -219,14 +219,18 @@ class Daemon:
         self._threads.append(thread)
 
     def _apply_power_mode(self, config: AgentConfig) -> None:
+        """Put the device in its power mode; ``power_mode`` says the one in force (``None``:
+        none was applied, and telemetry and /metrics say so rather than the profile's)."""
         from edge_agent.profiles.power import apply_plan, plan_power_mode
 
         mode = self.thermal.power_mode if self.thermal else self.profile.default_power_mode
         try:
             apply_plan(plan_power_mode(self.profile, mode, config.root))
             log.info("power mode %s applied", mode)
+            self.power_mode = mode
         except EdgeError as exc:  # not root, or a board without cpufreq: serve anyway
             log.warning("power mode %s not applied: %s", mode, exc)
+            self.power_mode = None
 
     def _start_apis(self, config: AgentConfig) -> None:
         try:
@@ -343,7 +347,8 @@ class Daemon:
     # -- observability --------------------------------------------------------------------------
 
     def _thermal_changed(self, change: dict[str, Any]) -> None:
-        self.agent.power_mode = change["power_mode"]
+        if change["power_mode"] != change["previous_power_mode"]:  # it applied this one
+            self.power_mode = self.agent.power_mode = change["power_mode"]
         log.warning(
             "thermal level %s (%s): power mode %s, precision %s",
             change["level"],
@@ -364,7 +369,7 @@ class Daemon:
             "models": self.agent.loaded(),
             "inflight": self.service.inflight,
             "ota": dict(self.ota_outcomes),
-            "power_mode": thermal.power_mode if thermal else self.agent.power_mode,
+            "power_mode": self.power_mode or "none",
             "thermal_level": thermal.level if thermal else "normal",
             "temperatures": dict(self.agent.device_state().temperatures),
         }

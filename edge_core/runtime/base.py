@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,24 +33,9 @@ __all__ = [
     "dequantize",
     "native_stderr_to_log",
     "quantize",
-    "warn_once",
 ]
 
 log = logging.getLogger(__name__)
-
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def warn_once(logger: logging.Logger, message: str) -> None:
-    """Warn of ``message`` once a process (later: at debug level). For what holds for
-    the whole process, such as an execution provider this ONNX Runtime build lacks:
-    a device that loads a model at every update says it once, not every time. The
-    messages come from the profile's settings, a bounded set."""
-    with _warned_lock:
-        first = message not in _warned
-        _warned.add(message)
-    logger.log(logging.WARNING if first else logging.DEBUG, message)
 
 
 @contextlib.contextmanager

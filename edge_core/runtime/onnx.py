@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from edge_core.errors import BackendUnavailableError, InferenceError, InputError, ModelLoadError
-from edge_core.runtime.base import Array, RuntimeOptions, Session, warn_once
+from edge_core.logs import warn_once
+from edge_core.runtime.base import Array, RuntimeOptions, Session
 from edge_core.tensors import TensorSpec
 
 __all__ = ["OnnxSession"]

@@ -144,8 +144,12 @@ hysteresis_c = 5
     )
 
 
-def start_agent(tmp: Path, extra: str = "", watchdog_usec: int = 400_000, api: str = "") -> Running:
-    root = make_root(tmp / "root", cpus=2, temperatures={0: 50_000})
+def start_agent(
+    tmp: Path, extra: str = "", watchdog_usec: int = 400_000, api: str = "", cpus: int = 2
+) -> Running:
+    """``cpus``: CPUs with cpufreq in the fake root (0: a board whose power modes cannot
+    be applied)."""
+    root = make_root(tmp / "root", cpus=cpus, temperatures={0: 50_000})
     http_port, grpc_port = free_port(), free_port()
     config = tmp / "agent.toml"
     write_config(config, root, light_repository(tmp), http_port, grpc_port, extra, api)
