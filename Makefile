@@ -34,7 +34,8 @@ test: venv broker fetch-models
 	$(PY) -m pytest
 
 # The sample models (each variant's answer and latency), then a gateway and an agent on
-# loopback: every policy decision, an update over the air, the gateway stopped. MQTT joins when mosquitto is installed (`make demo DEMO_FLAGS=--no-mqtt`: not).
+# loopback: every policy decision, an update over the air, the gateway stopped. MQTT joins when mosquitto is installed (`make demo DEMO_FLAGS=--no-mqtt`: not);
+# `DEMO_FLAGS=--keep` keeps its folder and names its configurations.
 demo: venv fetch-models
 	$(PY) -m tools.demo $(DEMO_FLAGS)
 

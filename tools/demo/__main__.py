@@ -19,8 +19,31 @@ from .inputs import choose_inputs
 from .loopback import Demo
 from .variants import show_variants
 
+KEPT = (
+    ("gateway.toml", "the gateway's configuration (cloud-gateway --config gateway.toml serve)"),
+    ("agent.toml", "the agent's configuration (edge-agent run --config agent.toml)"),
+    ("broker/mosquitto.conf", "the broker's configuration, with its passwd and acl files"),
+    ("keys", "the OTA signing keys (private: 0600)"),
+    ("ota", "the signed OTA repository"),
+    ("gateway-state", "device tokens (hashed), group keys, rollouts"),
+)
 
-def run(no_mqtt: bool) -> int:
+
+def keep(work: Path) -> None:
+    """Say where what the demo built is, for an operator to start from."""
+    print(f"\nkept {work}:")
+    for name, what in KEPT:
+        if (work / name).exists():
+            print(f"  {work / name}  {what}")
+    for bundle in sorted(work.glob("*.json")):
+        print(f"  {bundle}  an enrollment bundle (0600): token, group key, trusted root")
+    print(
+        "  the ports in them were free during the demo; run the commands from that folder, "
+        "and remove it when done"
+    )
+
+
+def run(no_mqtt: bool, keep_work: bool = False) -> int:
     started = time.monotonic()
     mqtt_off = "--no-mqtt" if no_mqtt else "mosquitto is not installed"
     mqtt = not no_mqtt and mosquitto_installed()
@@ -31,8 +54,12 @@ def run(no_mqtt: bool) -> int:
         flush=True,
     )
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-demo-")))
-        print(f"(working in {work}, removed at the end)\n")
+        if keep_work:
+            work = Path(tempfile.mkdtemp(prefix="edge-demo-"))
+            print(f"(working in {work}, kept at the end)\n")
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-demo-")))
+            print(f"(working in {work}, removed at the end)\n")
         demo = Demo(work, stack, mqtt)
         try:
             repository = ModelRepository(MODELS)
@@ -54,7 +81,9 @@ def run(no_mqtt: bool) -> int:
         demo.processes.stop_all()
         # what the summary reports is settled; stop the rest before printing it
         stack.close()
-        demo.summary(time.monotonic() - started, mqtt_off)
+        demo.summary(time.monotonic() - started, mqtt_off, kept=keep_work)
+        if keep_work:
+            keep(work)
     return 0
 
 
@@ -81,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-mqtt", action="store_true", help="run without a broker even when mosquitto is there"
     )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the working folder and print the paths of its configurations",
+    )
     args = parser.parse_args(argv)
     with interrupts_as_keyboard_interrupt():
         try:
-            return run(args.no_mqtt)
+            return run(args.no_mqtt, args.keep)
         except DemoError as exc:
             print(f"\ndemo failed: {exc}", file=sys.stderr)
             return 1

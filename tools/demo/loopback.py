@@ -413,7 +413,7 @@ class Demo:
 
     # -- the summary ---------------------------------------------------------------------------
 
-    def summary(self, seconds: float, mqtt_off: str) -> None:
+    def summary(self, seconds: float, mqtt_off: str, *, kept: bool = False) -> None:
         print("\n== summary")
         headers = ["#", "request", "model", "label", "decision", "reason", "where",
                    "answered by", "answer", "ms"]  # fmt: skip
@@ -438,4 +438,5 @@ class Demo:
             )
         else:
             print(f"MQTT: off ({mqtt_off})")
-        print(f"time: {seconds:.0f} s; everything stopped and the working folder removed")
+        folder = "kept (below)" if kept else "removed"
+        print(f"time: {seconds:.0f} s; everything stopped and the working folder {folder}")
