@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint format docs models fetch-models broker bench figures clean
+.PHONY: venv test demo lint format docs models fetch-models broker bench figures wheel clean
 
 venv: $(STAMP)
 
@@ -87,5 +87,9 @@ bench-%: venv broker fetch-models
 figures: venv
 	$(PY) tools/bench_page.py render --results bench-results --out docs/benchmarks/figures.md
 
+# The wheel a device installs (docs/install.md): dist/edge_inference-<version>-py3-none-any.whl.
+wheel: venv
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results site dist

@@ -28,8 +28,12 @@ from edge_agent.service.unit import (
 )
 from edge_core.errors import ConfigError
 
-# the accelerator groups of this host (a group the host lacks is left out of the unit)
-HOST_GROUPS = " ".join(group for group in DEFAULT_GROUPS if _group_exists(group))
+
+def host_groups() -> str:
+    """The accelerator groups of this host now (a group it lacks is left out of the unit;
+    read when a test runs: an install meanwhile may add one)."""
+    return " ".join(group for group in DEFAULT_GROUPS if _group_exists(group))
+
 
 CONFIG = Path("/etc/edge-agent/agent.toml")
 
@@ -264,7 +268,7 @@ def test_unit_settings() -> None:
         "Restart=on-failure",
         "DynamicUser=yes",
         "CapabilityBoundingSet=",
-        f"SupplementaryGroups={HOST_GROUPS}",
+        f"SupplementaryGroups={host_groups()}",
         "ReadWritePaths=/sys/devices/system/cpu",
         "DevicePolicy=closed",
         "DeviceAllow=char-drm rw",
@@ -279,7 +283,7 @@ def test_unit_settings() -> None:
     assert {
         "User=edge",
         "CapabilityBoundingSet=",
-        f"SupplementaryGroups={HOST_GROUPS} apex",
+        f"SupplementaryGroups={host_groups()} apex",
     } <= named
     assert "DynamicUser=yes" not in named
     root = set(render_unit("/usr/bin/python3", CONFIG, "root").splitlines())
@@ -359,7 +363,7 @@ def test_cli_dry_run_prints_the_unit_and_the_commands(
         "ExecStart=/opt/edge/venv/bin/python -m edge_agent run --config /etc/edge-agent/agent.toml"
         in out
     )
-    assert f"SupplementaryGroups={HOST_GROUPS} apex" in out
+    assert f"SupplementaryGroups={host_groups()} apex" in out
     for command in (
         "systemctl daemon-reload",
         "systemctl enable --now edge-agent.service",
@@ -368,6 +372,25 @@ def test_cli_dry_run_prints_the_unit_and_the_commands(
     ):
         assert f"#   {command}" in out
     assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+def test_a_dry_run_prints_the_unit_with_what_an_install_refuses_as_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The obvious first try (the checkout's .venv under /root, a config in /tmp): the
+    dry run shows the unit and says what is wrong; the install refuses it."""
+    argv = ["service", "install", "--unit-dir", str(tmp_path), "--config", "/tmp/agent.toml"]
+    python = "/root/venv/bin/python"
+    assert main([*argv, "--dry-run", "--python", python]) == 0
+    captured = capsys.readouterr()
+    assert f"ExecStart={python} -m edge_agent run --config /tmp/agent.toml" in captured.out
+    warnings = [line for line in captured.err.splitlines() if "warning:" in line]
+    assert len(warnings) == 2, captured.err
+    assert "is under /root" in warnings[0] and "is under /tmp" in warnings[1]
+    assert all("docs/install.md" in w and "an install would refuse it" in w for w in warnings)
+    assert main([*argv, "--python", python]) == 1
+    assert "is under /root" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_install_writes_the_unit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

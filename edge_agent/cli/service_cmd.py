@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import CliError
+from edge_agent.cli.common import PROG, CliError
 from edge_agent.service.unit import (
     DEFAULT_CONFIG,
     DEFAULT_GROUPS,
@@ -78,10 +78,14 @@ def _install(args: argparse.Namespace) -> int:
     python = args.python
     if not os.path.isabs(python):
         raise CliError(f"--python {python!r} is relative; expected an absolute path")
-    _check_resolved(python)
+    # a dry run prints the unit whatever it finds, with what an install refuses as warnings
+    warnings: list[str] | None = [] if args.dry_run else None
+    _check_resolved(python, warnings)
     # A relative --config means "this file here"; the service starts in /.
     config = Path(os.path.abspath(args.config))
-    text = render_unit(python, config, args.user, groups=args.groups)
+    text = render_unit(python, config, args.user, groups=args.groups, warnings=warnings)
+    for warning in warnings or ():
+        print(f"{PROG}: warning: {warning}; an install would refuse it", file=sys.stderr)
     target = install_unit(text, args.unit_dir, dry_run=args.dry_run)
     commands = [
         "systemctl daemon-reload",
@@ -105,16 +109,22 @@ def _install(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_resolved(python: str) -> None:
+def _check_resolved(python: str, warnings: list[str] | None) -> None:
     """Refuse an interpreter whose links lead where the sandbox hides (a pyenv under /home):
-    the unit would fail at start with status 203/EXEC and no reason."""
+    the unit would fail at start with status 203/EXEC and no reason. With ``warnings``
+    (a dry run), say so there instead."""
     real = os.path.realpath(python)
     if not os.path.exists(real):
         return  # rendering for another machine: nothing to check here
     for hidden in HIDDEN_DIRS:
         if real == hidden or real.startswith(hidden + "/"):
-            raise CliError(
+            message = (
                 f"--python {python} resolves to {real}, under {hidden}, which the service's "
                 f"sandbox hides; expected an interpreter installed outside "
-                f"{', '.join(HIDDEN_DIRS)} (e.g. a virtual environment made from /usr/bin/python3)"
+                f"{', '.join(HIDDEN_DIRS)} (e.g. a virtual environment made from "
+                "/usr/bin/python3 under /opt/edge-agent: docs/install.md)"
             )
+            if warnings is None:
+                raise CliError(message)
+            warnings.append(message)
+            return

@@ -64,7 +64,14 @@ def _group_exists(name: str) -> bool:
     return True
 
 
-def render_unit(python: str, config: Path, user: str | None, *, groups: Sequence[str] = ()) -> str:
+def render_unit(
+    python: str,
+    config: Path,
+    user: str | None,
+    *,
+    groups: Sequence[str] = (),
+    warnings: list[str] | None = None,
+) -> str:
     """The text of ``edge-agent.service``.
 
     ``python`` is the interpreter the service runs (a virtual environment's
@@ -77,9 +84,13 @@ def render_unit(python: str, config: Path, user: str | None, *, groups: Sequence
     root also loses all capabilities (``CapabilityBoundingSet=``); root keeps
     them for power modes.
 
+    With a ``warnings`` list (a dry run), a path the sandbox would hide is said
+    there instead of refused, and the unit rendered all the same.
+
     Raises:
-        UnitError: a path is relative, lies where the sandbox hides it, or
-            holds characters systemd refuses there; an account name is malformed.
+        UnitError: a path is relative, lies where the sandbox hides it (unless
+            ``warnings`` is given), or holds characters systemd refuses there; an
+            account name is malformed.
     """
     if user is None:
         identity = "DynamicUser=yes\nCapabilityBoundingSet="
@@ -90,8 +101,8 @@ def render_unit(python: str, config: Path, user: str | None, *, groups: Sequence
     present = [group for group in DEFAULT_GROUPS if _group_exists(group)]
     all_groups = list(dict.fromkeys([*present, *groups]))
     values = {
-        "python": _exec_word(_executable(python), executable=True),
-        "config": _exec_word(_visible_path(str(config), "the configuration (--config)")),
+        "python": _exec_word(_executable(python, warnings), executable=True),
+        "config": _exec_word(_visible_path(str(config), "the configuration (--config)", warnings)),
         "identity": identity,
         "groups": " ".join(_account(group, "group") for group in all_groups),
     }
@@ -154,8 +165,9 @@ def _account(name: str, what: str) -> str:
     return name
 
 
-def _visible_path(value: str, what: str) -> str:
-    """``value`` if the service will see it: absolute, printable, not in a hidden directory."""
+def _visible_path(value: str, what: str, warnings: list[str] | None = None) -> str:
+    """``value`` if the service will see it: absolute, printable, not in a hidden directory
+    (with ``warnings``: a hidden one is said there)."""
     if any(ord(char) < 32 or ord(char) == 127 for char in value):
         raise UnitError(f"{what} {value!r} holds control characters; expected a plain path")
     path = PurePosixPath(os.path.normpath(value))
@@ -166,17 +178,21 @@ def _visible_path(value: str, what: str) -> str:
         )
     for hidden in HIDDEN_DIRS:
         if path.is_relative_to(hidden):
-            raise UnitError(
+            message = (
                 f"{what} {value} is under {hidden}, which the service's sandbox hides "
                 f"(ProtectHome=yes, PrivateTmp=yes); expected a path outside "
-                f"{', '.join(HIDDEN_DIRS)}, such as /opt or /etc/edge-agent"
+                f"{', '.join(HIDDEN_DIRS)}, such as /opt/edge-agent or /etc/edge-agent "
+                "(docs/install.md)"
             )
+            if warnings is None:
+                raise UnitError(message)
+            warnings.append(message)
     return value
 
 
-def _executable(value: str) -> str:
+def _executable(value: str, warnings: list[str] | None = None) -> str:
     what = "the Python interpreter (--python)"
-    _visible_path(value, what)
+    _visible_path(value, what, warnings)
     if any(char in value for char in "\"'\\"):
         # systemd refuses such an executable name outright, quoted or not.
         raise UnitError(f"{what} {value!r} holds quotes or backslashes, which systemd refuses")
