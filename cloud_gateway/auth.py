@@ -48,8 +48,11 @@ DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 ROLES = ("device", "admin")
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` atomically to a file only its owner can read (mode 0600)."""
+def write_private(path: Path, data: bytes, *, group: int | None = None) -> None:
+    """Write ``data`` atomically to a file only its owner can read (mode 0600), or with
+    ``group`` (a gid) its owner and that group (0640: a broker that drops to its own
+    account reads its files through its group). Owner and mode are set before the file
+    takes its name, so no reader ever sees it otherwise."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # a fresh, unguessable name, created here and now: in a shared folder nobody can
     # have put a file or a link there for this write to follow
@@ -57,6 +60,9 @@ def write_private(path: Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
+            if group is not None:
+                os.fchown(handle.fileno(), -1, group)
+                os.fchmod(handle.fileno(), 0o640)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

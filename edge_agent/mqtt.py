@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from edge_core.mqtt import MqttSettings, Published, new_client, no_delay, publish
+from edge_core.mqtt import BrokerWatch, MqttSettings, Published, new_client, no_delay, publish
 from edge_core.protocol.mqtt import status_topic
 
 __all__ = ["MqttConnection"]
@@ -44,6 +44,8 @@ class MqttConnection:
             settings.tls,
         )
         self._client.will_set(status_topic(device_id), self._status("offline"), qos=1, retain=True)
+        self._watch = BrokerWatch(log, f"device {device_id}", settings)
+        self._watch.attach(self._client)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
@@ -164,6 +166,7 @@ class MqttConnection:
                 reason,
             )
             return
+        self._watch.connected()
         no_delay(client)
         client.publish(status_topic(self.device_id), self._status("online"), qos=1, retain=True)
         for topic in self._handlers:

@@ -10,8 +10,10 @@ its integer codes never reach a caller); :func:`read_mqtt` reads an
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from edge_core.fields import Fields
 from edge_core.tls import TLSSettings, read_tls
 
 __all__ = [
+    "BrokerWatch",
     "MqttSettings",
     "Published",
     "new_client",
@@ -164,3 +167,52 @@ def publish_properties(
     if expiry_s:
         props.MessageExpiryInterval = expiry_s
     return props
+
+
+class BrokerWatch:
+    """Says, in a log a person reads, that a client cannot reach its broker and keeps
+    trying: the first failed attempt of an outage at once (paho retries silently every
+    few seconds), then at most one line a minute, and when it is back."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        who: str,
+        settings: MqttSettings,
+        *,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._where = f"{who}: the MQTT broker {settings.host}:{settings.port}"
+        self._every_s = every_s
+        self._clock = clock
+        self._down_since: float | None = None
+        self._said = 0.0
+        self._failures = 0
+
+    def attach(self, client: Any) -> None:
+        client.on_connect_fail = self.failed
+
+    def failed(self, client: Any = None, userdata: Any = None) -> None:
+        now = self._clock()
+        self._failures += 1
+        if self._down_since is None:
+            self._down_since = now
+        elif now - self._said < self._every_s:
+            return
+        self._said = now
+        self._log.warning(
+            "%s cannot be reached (%d attempt%s, %.0f s); retrying every few seconds",
+            self._where,
+            self._failures,
+            "" if self._failures == 1 else "s",
+            now - self._down_since,
+        )
+
+    def connected(self) -> None:
+        if self._down_since is not None:
+            self._log.info(
+                "%s is reachable again after %.0f s", self._where, self._clock() - self._down_since
+            )
+        self._down_since, self._failures = None, 0

@@ -4,6 +4,7 @@ rollout announcements, per-device topic isolation, garbage on every topic."""
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import signal
@@ -886,7 +887,8 @@ def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, cap
     registry.add("cam-02", "g2")
     registry.revoke("cam-02")
     out = tmp_path / "broker"
-    assert main(["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]) == 0
+    command = ["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]
+    assert main([*command, "--broker-group", "none"]) == 0
     users = [line.split(":")[0] for line in (out / "passwd").read_text().splitlines()]
     assert users == ["_gateway", "cam-01"]  # revoked devices are left out
     acl = (out / "acl").read_text()
@@ -902,7 +904,13 @@ def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, cap
     ):
         assert path.stat().st_mode & 0o777 == 0o600, path
     password = (state / "mqtt-gateway.password").read_text()
-    assert main(["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]) == 0
+    gid = os.getgid()  # with the broker's group: its files 0640, the gateway's own still 0600
+    group = grp.getgrgid(gid).gr_name
+    assert main([*command, "--broker-group", group]) == 0
+    for path in (out / "passwd", out / "acl", out / "dynamic-security.json"):
+        assert (path.stat().st_mode & 0o777, path.stat().st_gid) == (0o640, gid), path
+    assert (state / "mqtt-gateway.password").stat().st_mode & 0o777 == 0o600
+    assert main([*command, "--broker-group", "no-such-group-here"]) == 1
     assert (state / "mqtt-gateway.password").read_text() == password  # kept, not regenerated
     printed = capsys.readouterr().out
     assert "SIGHUP" in printed and "dynamic security plugin" in printed

@@ -44,6 +44,11 @@ def register(commands: Any) -> None:
     )
     acl.add_argument("--out", type=Path, required=True, help="directory for passwd and acl")
     acl.add_argument("--gateway-user", help="the bridge's broker user (default: _gateway)")
+    acl.add_argument(
+        "--broker-group",
+        help="the broker's group, which may read the files (0640); default: mosquitto when "
+        "that group exists (Debian's broker drops to it), else none (0600); 'none' for none",
+    )
     acl.set_defaults(run=_mqtt_acl)
 
 
@@ -106,8 +111,11 @@ def _device_list(args: argparse.Namespace) -> int:
     return 0
 
 
+DEBIAN_BROKER_GROUP = "mosquitto"  # Debian's Mosquitto starts as root, then drops to it
+
+
 def _mqtt_acl(args: argparse.Namespace) -> int:
-    from cloud_gateway.mqtt.broker import ensure_gateway_password, write_broker_files
+    from cloud_gateway.mqtt.broker import broker_group, ensure_gateway_password, write_broker_files
 
     if args.config is not None:
         config = load_config(args.config, Overrides(repository=Path(".")))
@@ -116,12 +124,25 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
     user = args.gateway_user or (config.mqtt.username if config.mqtt else None)
     user = str(user or MqttBridgeSettings().username)
     password = ensure_gateway_password(config.mqtt_password_file)
+    name = args.broker_group or DEBIAN_BROKER_GROUP
+    try:
+        group = broker_group(None if name == "none" else name)
+    except ValueError:
+        if args.broker_group is not None:
+            raise EdgeError(f"--broker-group {name}: no such group on this machine") from None
+        group = None  # no Debian broker here: only the owner reads them
     try:
         files = write_broker_files(
-            device_registry(args), args.out, gateway_user=user, gateway_password=password
+            device_registry(args),
+            args.out,
+            gateway_user=user,
+            gateway_password=password,
+            group=group,
         )
     except ValueError as exc:
         raise EdgeError(str(exc)) from None
+    readable = f"mode 0640, readable by group {name}" if group is not None else "mode 0600"
+    print(f"written ({readable}; password hashes only) into {args.out}:")
     print(f"password file for {files.devices} devices and {user!r}: {files.passwd}")
     print(f"ACL file: {files.acl}")
     print(f"dynamic security plugin configuration: {files.dynamic_security}")

@@ -40,7 +40,7 @@ from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.mqtt.broker import shared_requests
 from cloud_gateway.ota.service import OtaService
 from edge_core.errors import ProtocolError, RequestError
-from edge_core.mqtt import new_client, no_delay, publish, user_properties
+from edge_core.mqtt import BrokerWatch, new_client, no_delay, publish, user_properties
 from edge_core.protocol.mqtt import (
     MqttMessage,
     announcement_topic,
@@ -73,6 +73,8 @@ class MqttBridge:
             f"gateway-{uuid.uuid4().hex[:12]}", config.username, password, config.tls
         )
         self.requests = shared_requests(password)
+        self._watch = BrokerWatch(log, "the gateway's bridge", config)
+        self._watch.attach(self._client)
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,6 +118,7 @@ class MqttBridge:
         if reason.is_failure:
             log.error("the MQTT broker refused the gateway's connection: %s", reason)
             return
+        self._watch.connected()
         no_delay(client)
         client.subscribe(self.requests, qos=1)
         log.info("MQTT bridge connected to %s:%d", self.config.host, self.config.port)

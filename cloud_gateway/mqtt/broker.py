@@ -39,6 +39,7 @@ from edge_core.protocol.mqtt import (
 __all__ = [
     "BrokerFiles",
     "acl_text",
+    "broker_group",
     "dynamic_security",
     "ensure_gateway_password",
     "shared_requests",
@@ -169,10 +170,34 @@ def dynamic_security(
     }
 
 
+def broker_group(name: str | None) -> int | None:
+    """The gid of the broker's group ``name`` (``None``: none).
+
+    Raises:
+        ValueError: there is no such group on this machine.
+    """
+    if name is None:
+        return None
+    import grp
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ValueError(f"no group {name!r} on this machine (the broker's own)") from None
+
+
 def write_broker_files(
-    registry: DeviceRegistry, out: Path, *, gateway_user: str, gateway_password: str
+    registry: DeviceRegistry,
+    out: Path,
+    *,
+    gateway_user: str,
+    gateway_password: str,
+    group: int | None = None,
 ) -> BrokerFiles:
-    """Write ``passwd``, ``acl`` and ``dynamic-security.json`` (mode 0600) into ``out``."""
+    """Write ``passwd``, ``acl`` and ``dynamic-security.json`` into ``out``: mode 0600,
+    or 0640 with ``group`` (the broker's group: Debian's Mosquitto starts as root and
+    drops to the ``mosquitto`` account before it reads them). They hold password
+    hashes, never a password."""
     if registry.get(gateway_user) is not None:
         raise ValueError(f"a device is named {gateway_user!r}, the gateway's broker user")
     hashes = {gateway_user: mosquitto_hash(gateway_password)}
@@ -186,8 +211,9 @@ def write_broker_files(
             continue
         hashes[device.id] = password
     passwd, acl, dynsec = out / "passwd", out / "acl", out / DYNAMIC_SECURITY
-    write_private(passwd, "".join(f"{user}:{hashed}\n" for user, hashed in hashes.items()).encode())
-    write_private(acl, acl_text(registry, gateway_user).encode())
+    lines = "".join(f"{user}:{hashed}\n" for user, hashed in hashes.items())
+    write_private(passwd, lines.encode(), group=group)
+    write_private(acl, acl_text(registry, gateway_user).encode(), group=group)
     document = dynamic_security(registry, gateway_user, gateway_password, hashes)
-    write_private(dynsec, (json.dumps(document, indent=1) + "\n").encode())
+    write_private(dynsec, (json.dumps(document, indent=1) + "\n").encode(), group=group)
     return BrokerFiles(passwd, acl, dynsec, len(hashes) - 1, skipped)
