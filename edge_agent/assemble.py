@@ -19,9 +19,11 @@ from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import ConfigError, EdgeError, ModelNotFoundError
+from edge_core.names import is_model_name
 from edge_core.repository import ModelRepository
 
 __all__ = [
+    "bundled_version",
     "create_agent",
     "create_connection",
     "create_fleet_link",
@@ -204,6 +206,17 @@ def create_agent(
     )
 
 
+def bundled_version(config: AgentConfig) -> Callable[[str], int | None]:
+    """The version of a model the device serves without any update (its bundled one)."""
+    bundled = ModelRepository(config.model_dir)
+
+    def version(name: str) -> int | None:
+        versions = bundled.versions(name) if is_model_name(name) else []
+        return versions[-1] if versions else None
+
+    return version
+
+
 def create_updater(
     config: AgentConfig,
     profile: DeviceProfile,
@@ -229,6 +242,7 @@ def create_updater(
             store=OtaStore(config.ota.state_dir / "ota"),
             on_installed=(agent.reload if agent is not None else lambda name, package: None),
             on_progress=on_progress,
+            bundled=bundled_version(config),
         )
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=config.source) from None

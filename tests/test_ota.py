@@ -519,6 +519,30 @@ def test_a_partial_slot_never_becomes_active(world: OtaWorld) -> None:
     assert_serves(world, device, 2)
 
 
+def test_a_rollback_after_the_first_update_goes_back_to_the_bundled_model(
+    world: OtaWorld,
+) -> None:
+    """`models rollback` right after the first update once said there was nothing to go
+    back to, while the bundled version had been serving: it is the previous version."""
+    device = first_install(world)  # v2 over the bundled v1
+    installed: list[tuple[str, object]] = []
+    updater = world.updater(
+        device,
+        hooks={"bundled": lambda name: 1, "on_installed": lambda n, p: installed.append((n, p))},
+    )
+    back = updater.rollback("digits-light")
+    assert (back.version, back.source) == (1, "the bundled model")
+    store = world.store(device)
+    assert store.active("digits-light") is None  # the bundled model serves again
+    assert installed == [("digits-light", None)]  # the agent reloads from its source
+    assert world.rollouts.device_status("cam-01", "digits-light", 2) == "rolled_back"
+    outcomes = world.updater(device, hooks={"bundled": lambda name: 1}).check()
+    assert "installed" not in [o.status for o in outcomes]  # v2 is not offered again
+    # a model that is neither bundled nor has a previous slot: nothing to go back to
+    with pytest.raises(ModelNotFoundError, match="no previous version"):
+        world.updater(device, hooks={"bundled": lambda name: None}).rollback("digits-light")
+
+
 def test_rollback_by_hand_sticks(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)

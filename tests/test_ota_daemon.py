@@ -72,3 +72,32 @@ def test_a_rollback_by_hand_reaches_the_running_daemon(world: OtaWorld, tmp_path
         assert answer.version == 2 and answer.variant == "tflite-int8"
     finally:
         daemon.stop()
+
+
+def test_a_rollback_after_the_first_update_serves_the_bundled_model_again(
+    world: OtaWorld, tmp_path: Path
+) -> None:
+    device = world.enroll("cam-01")
+    world.release("digits-light", 2, LIGHT_INT8)
+    world.updater(device).check()  # v2 over the bundled v1, no other slot
+    config = tmp_path / "agent.toml"
+    ota = (
+        f'[ota]\nbundle = "{device.bundle}"\nurl = "{world.url}"\n'
+        f'state_dir = "{device.state}"\ninterval_s = 3600\n'
+    )
+    write_config(config, make_root(tmp_path / "root", cpus=2), MODELS, free_port(), 0, ota)
+    daemon = Daemon(config)
+    daemon.start()
+    try:
+        daemon.agent.infer("digits-light", {"pixels": [[0.0] * 64]})
+        assert serving(daemon) == 2
+        rolled = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "models", "rollback", "digits-light",
+             "--config", str(config)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert rolled.returncode == 0, rolled.stderr
+        assert "back to version 1 (the bundled model)" in rolled.stdout
+        assert wait_until(lambda: serving(daemon) == 1), "the daemon kept serving version 2"
+    finally:
+        daemon.stop()

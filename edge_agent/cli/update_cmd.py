@@ -26,6 +26,14 @@ def register(commands: Any, models: Any) -> None:
     rollback.set_defaults(run=_rollback)
 
 
+def size(count: int) -> str:
+    """A byte count as a person reads it: 812 B, 23.4 kB, 50.0 MB, 1.20 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}" if unit == "GB" else f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
 class ProgressBar:
     """A one-line progress bar on stderr."""
 
@@ -34,14 +42,14 @@ class ProgressBar:
 
     def __call__(self, name: str, done: int, total: int) -> None:
         start = self.started.setdefault(name, time.monotonic())
-        elapsed = max(time.monotonic() - start, 1e-6)
+        elapsed = time.monotonic() - start
         width = 30
         filled = int(width * done / max(total, 1))
         bar = "#" * filled + "." * (width - filled)
-        sys.stderr.write(
-            f"\r{name}: [{bar}] {done / 1e6:7.1f}/{total / 1e6:.1f} MB "
-            f"{done / elapsed / 1e6:6.1f} MB/s"
-        )
+        # a rate over less than a tenth of a second says nothing (a small model is
+        # "done" in its first read)
+        rate = f" {size(int(done / elapsed))}/s" if elapsed >= 0.1 else ""
+        sys.stderr.write(f"\r{name}: [{bar}] {size(done)}/{size(total)}{rate}")
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -74,5 +82,5 @@ def _rollback(args: argparse.Namespace) -> int:
         previous = updater.rollback(args.name)
     finally:
         updater.close()
-    print(f"{args.name}: back to version {previous.version}")
+    print(f"{args.name}: back to version {previous.version} ({previous.source})")
     return 0

@@ -329,6 +329,16 @@ class OtaStore:
         self.activate(name, previous.slot)
         return previous
 
+    def deactivate(self, name: str) -> None:
+        """Serve no installed version of ``name``: the bundled model serves again (hold
+        :meth:`locked`). One atomic unlink of ``active``; the slots stay as they are, and
+        the next install takes one of them."""
+        folder = self._folder(name)
+        link = folder / "active"
+        if link.is_symlink():
+            link.unlink()
+            fsync_dir(folder)
+
     def discard(self, slot: Path) -> None:
         """Remove a slot that failed (never the active one)."""
         if slot.exists() and slot.name != self.active_slot_name(slot.parent.name):

@@ -75,7 +75,7 @@ from edge_core.errors import (
 from edge_core.ota.plan import PlanEntry, parse_plan, payload_target
 from edge_core.package import ModelPackage
 
-__all__ = ["OtaUpdater", "UpdateOutcome", "not_for_profile", "smoke_test"]
+__all__ = ["OtaUpdater", "Rollback", "UpdateOutcome", "not_for_profile", "smoke_test"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,16 @@ REPORTED = ("installed", "failed", "rolled_back", "refused")
 # device, which tries again at the next check (a "failed" version is not offered to it
 # again), so whoever can slow or corrupt bytes in transit cannot keep a version away.
 REFUSALS = (DownloadError, IntegrityError, StorageError)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Where a rollback went: ``version`` of ``name``, from ``source`` (an OTA slot, or
+    the bundled model)."""
+
+    name: str
+    version: int
+    source: str
 
 
 @dataclass
@@ -136,7 +146,8 @@ class OtaUpdater:
         *,
         store: OtaStore | None = None,
         client: Any = None,
-        on_installed: Callable[[str, ModelPackage], None] = lambda name, package: None,
+        on_installed: Callable[[str, ModelPackage | None], None] = lambda name, package: None,
+        bundled: Callable[[str], int | None] = lambda name: None,
         on_step: Callable[[str], None] = lambda step: None,
         on_progress: Callable[[str, int, int], None] = lambda name, done, total: None,
     ) -> None:
@@ -161,6 +172,7 @@ class OtaUpdater:
             timeout=settings.timeout_s,
         )
         self.on_installed = on_installed
+        self.bundled = bundled  # the version of a model the device has without updates
         self.on_step = on_step
         self.on_progress = on_progress
         self.listeners: list[Callable[[UpdateOutcome], None]] = []  # told of every report
@@ -373,36 +385,45 @@ class OtaUpdater:
         for listener in self.listeners:
             listener(outcome)
 
-    def rollback(self, name: str) -> SlotInfo:
+    def rollback(self, name: str) -> Rollback:
         """Go back to the previous version of ``name`` and tell the agent and the gateway.
 
-        The operator's decision on the device itself: no signed withdrawal is
-        needed. The gateway records the version left as ``rolled_back`` and
-        does not offer it to this device again (until its rollout is started
-        again, or a newer version comes).
+        The previous version is the other slot's, or, after the first update, the
+        bundled model the device served before it (``bundled``). The operator's
+        decision on the device itself: no signed withdrawal is needed. The gateway
+        records the version left as ``rolled_back`` and does not offer it to this
+        device again (until its rollout is started again, or a newer version comes).
 
         Raises:
-            ModelNotFoundError: there is no complete previous version.
+            ModelNotFoundError: there is no complete previous version, nor a bundled one.
         """
         with self._lock, self.store.locked():
             active = self.store.active(name)
             previous = self.store.previous(name)
-            if active is None or previous is None:
+            bundled = self.bundled(name)
+            if active is None or (previous is None and bundled is None):
                 raise ModelNotFoundError(f"{name!r} has no previous version to roll back to")
-            package = self.store.package(
-                name, self.enrollment.group, self.enrollment.group_key, previous
-            )
-            self.store.activate(name, previous.slot)
+            if previous is not None:
+                package: ModelPackage | None = self.store.package(
+                    name, self.enrollment.group, self.enrollment.group_key, previous
+                )
+                self.store.activate(name, previous.slot)
+                back = Rollback(name, previous.version, f"slot {previous.slot}")
+            else:
+                assert bundled is not None
+                self.store.deactivate(name)
+                package = None  # the agent loads what it serves without an update
+                back = Rollback(name, bundled, "the bundled model")
             self.on_installed(name, package)
             self.report(
                 UpdateOutcome(
                     name,
                     active.version,
                     "rolled_back",
-                    f"by the operator: back to v{previous.version}",
+                    f"by the operator: back to v{back.version} ({back.source})",
                 )
             )
-            return previous
+            return back
 
     # -- in the background ----------------------------------------------------------------
 

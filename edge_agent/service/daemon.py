@@ -35,6 +35,7 @@ from typing import Any
 
 from edge_agent.agent import Agent
 from edge_agent.assemble import (
+    bundled_version,
     create_agent,
     create_connection,
     create_fleet_link,
@@ -195,23 +196,24 @@ class Daemon:
         """Swap in what another process activated in the OTA store: `edge-agent models
         rollback NAME` or `edge-agent update` run beside the daemon."""
         store = self.updater.store
+        bundled = bundled_version(self.config)
         failed: set[tuple[str, int]] = set()  # tried once; a new activation tries again
         while not self._stop.wait(STORE_WATCH_S):
             for name in self.agent.loaded():
-                active = None
+                wanted = None
                 try:
-                    with self._swapping:  # what is served, and what is active, then
+                    with self._swapping:  # what is served, and what should be, then
                         serving = self.agent.loaded().get(name, {}).get("version")
                         active = store.active(name)
-                        if active is None or active.version == serving:
-                            continue
-                        if (name, active.version) in failed:
+                        # none active (a rollback to the bundled model): the bundled one
+                        wanted = active.version if active is not None else bundled(name)
+                        if wanted is None or wanted == serving or (name, wanted) in failed:
                             continue
                         self.agent.reload(name)
-                    log.info("%s: version %d was activated in the store", name, active.version)
+                    log.info("%s: the store now serves version %d", name, wanted)
                 except Exception as exc:  # the old version keeps serving
-                    failed.add((name, active.version if active else -1))
-                    log.error("%s: cannot swap in the store's active version: %s", name, exc)
+                    failed.add((name, wanted if wanted is not None else -1))
+                    log.error("%s: cannot swap in the store's version: %s", name, exc)
 
     def _thread(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
