@@ -66,6 +66,7 @@ class DataPlane:
         self.limiter = RateLimiter(
             config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
         )
+        self.heard: dict[str, float] = {}  # device -> when it last authenticated
         self._inference_cpus = config.inference_cpus
         self.executor = ThreadPoolExecutor(
             config.workers,
@@ -236,7 +237,13 @@ class DataPlane:
         if admin and device.role != "admin":
             raise PermissionDenied(f"device {device.id!r} may not manage the repository")
         self.limiter.check(device.id)
+        self.heard[device.id] = time.time()  # one entry a registered device: bounded
         return device
+
+    def take_heard(self) -> dict[str, float]:
+        """The devices heard from since the last call, and when (for ``device list``)."""
+        heard, self.heard = self.heard, {}
+        return heard
 
     def count_failure(self, model: str, protocol: str, exc: BaseException) -> None:
         """Count a request refused before it reached :meth:`infer` (auth, limits, a bad body)."""

@@ -228,12 +228,31 @@ class Gateway:
                 await self.plane.refresh()
             except Exception:
                 log.exception("repository scan failed")
+            await self._record_heard()
+
+    async def _record_heard(self) -> None:
+        """Write when devices were last heard from (``device list``), in a batch off the
+        event loop: a request only notes it in memory."""
+        heard = self.plane.take_heard()
+        if self.ota is None or not heard:
+            return
+        rollouts = self.ota.rollouts
+
+        def write() -> None:
+            for device, at in heard.items():
+                rollouts.seen(device, "request", at)
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, write)
+        except Exception:
+            log.exception("recording the devices heard from failed")
 
     async def stop(self) -> None:
         if self._poll_task is not None:
             self._poll_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poll_task
+        await self._record_heard()
         if self.mqtt is not None:
             await self.mqtt.stop()
         if self._http is not None and self._http_task is not None:

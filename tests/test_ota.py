@@ -486,6 +486,10 @@ def test_a_rollout_pauses_itself_on_failures(world: OtaWorld, tmp_path: Path) ->
     rollout = world.rollouts.get("digits-light", 3, GROUP)
     assert rollout is not None and rollout.state == "paused"
     assert "1 of 1 reporting devices failed" in rollout.reason
+    # why, as the device reported it: in the reason, and in each device's report
+    failure = world.rollouts.reports("digits-light", 3, GROUP)[0]
+    assert failure["device"] == "cam-01" and failure["status"] == "failed"
+    assert failure["detail"] and f"cam-01: {failure['detail'][:60]}" in rollout.reason
     # the second device is not sent the paused version, also by a restarted gateway
     config = world.gateway.gateway.config
     world.gateway.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 import subprocess
 import sys
@@ -101,9 +102,15 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
         assert [(o["name"], o["version"], o["status"]) for o in outcomes] == [
             ("digits-light", 2, "installed")
         ]
-        assert "digits-light: [" in updated.stderr and "MB/s" in updated.stderr  # the progress bar
+        # the progress bar, in the units of a small model (it once read 0.0/0.0 MB)
+        assert re.search(r"digits-light: \[#+\] [0-9.]+ kB/[0-9.]+ kB", updated.stderr)
         status = run(*gateway, "rollout", "status").stdout
         assert "digits-light" in status and "installed 1" in status
+        by_device = run(*gateway, "rollout", "status", "--devices").stdout
+        assert re.search(r"cam-01 +installed +smoke test passed: tflite-int8", by_device)
+        devices = run(*gateway, "device", "list").stdout
+        row = next(line for line in devices.splitlines() if line.startswith("cam-01"))
+        assert "digits-light v2" in row and re.search(r"\d+ s ago \(update (check|report)\)", row)
 
         run(
             *gateway, "models", "publish", "--repository", str(ota), "--keys", str(keys), "--name",

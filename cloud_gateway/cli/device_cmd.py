@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from cloud_gateway.cli.common import device_registry, ota_dir_of, state_dir_of
 from cloud_gateway.config import GatewayConfig, MqttBridgeSettings, Overrides, load_config
 from edge_core.errors import EdgeError
+from edge_core.report import render_table
 
 __all__ = ["register"]
 
@@ -105,10 +107,37 @@ def _device_revoke(args: argparse.Namespace) -> int:
 
 
 def _device_list(args: argparse.Namespace) -> int:
+    from cloud_gateway.ota.rollouts import RolloutStore
+
+    database = state_dir_of(args) / "rollouts.sqlite"
+    store = RolloutStore(database) if database.is_file() else None
+    try:
+        seen = store.last_seen() if store is not None else {}
+        serving = store.serving() if store is not None else {}
+    finally:
+        if store is not None:
+            store.close()
+    now = time.time()
+    rows = []
     for device in device_registry(args).devices():
         state = "revoked" if device.revoked else "active"
-        print(f"{device.id:24} {device.group:20} {device.role:7} {state:8} {device.created}")
+        models = ", ".join(f"{n} v{v}" for n, v in sorted(serving.get(device.id, {}).items()))
+        at, what = seen.get(device.id, (None, ""))
+        rows.append(
+            [device.id, device.group, device.role, state, models or "-",
+             f"{_ago(now - at)} ({what})" if at is not None else "never"]
+        )  # fmt: skip
+    headers = ["device", "group", "role", "state", "serving", "last seen"]
+    print(render_table(headers, rows))
     return 0
+
+
+def _ago(seconds: float) -> str:
+    """How long ago, as a person says it: 12 s, 4 min, 3 h, 2 days ago."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{max(seconds, 0):.0f} s ago"
 
 
 DEBIAN_BROKER_GROUP = "mosquitto"  # Debian's Mosquitto starts as root, then drops to it

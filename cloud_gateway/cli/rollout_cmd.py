@@ -28,6 +28,9 @@ def register(commands: Any) -> None:
     start.set_defaults(run=_rollout_start)
     status = rollout_commands.add_parser("status", help="rollouts and their reports")
     status.add_argument("--name")
+    status.add_argument(
+        "--devices", action="store_true", help="each device's report, with its reason"
+    )
     status.set_defaults(run=_rollout_status)
     for action, state in (("pause", "paused"), ("resume", "active"), ("abort", "aborted")):
         command = rollout_commands.add_parser(action, help=f"{action} rollouts of a model")
@@ -59,6 +62,14 @@ def _rollout_start(args: argparse.Namespace) -> int:
         f"rollout of {rollout.name} v{rollout.version} to {rollout.percent:g}% of "
         f"{rollout.group}: {rollout.state}"
     )
+    print(
+        "devices in its slice install it at their next update check: at once when they "
+        "hear the broker's announcement (an [mqtt] section, and a gateway bridging it), "
+        "else at their next periodic check (every [ota] interval_s, 3600 s by default, "
+        "plus up to jitter_s) or when the agent starts. To check now on a device: "
+        "edge-agent update --config /etc/edge-agent/agent.toml (the running agent takes "
+        "the new version within a second). Watch it: cloud-gateway rollout status --devices"
+    )
     return 0
 
 
@@ -73,8 +84,14 @@ def _rollout_status(args: argparse.Namespace) -> int:
         print(
             f"{r.name:20} v{r.version:<4} {r.group:16} {r.percent:5g}%  {r.state:8} "
             f"installed {stats['installed']}, failed {stats['failed']}, "
-            f"rolled back {stats['rolled_back']}, metadata refused {stats['refused']}{reason}"
+            f"rolled back {stats['rolled_back']}, refused {stats['refused']}{reason}"
         )
+        if args.devices:
+            reports = store.reports(r.name, r.version, r.group)
+            for report in reports:
+                print(f"    {report['device']:24} {report['status']:11} {report['detail']}")
+            if not reports:
+                print("    no device has reported yet")
     return 0
 
 

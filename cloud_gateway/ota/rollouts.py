@@ -96,6 +96,13 @@ class RolloutStore:
                 status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', at REAL NOT NULL,
                 PRIMARY KEY (device, name, version)
             );
+            CREATE TABLE IF NOT EXISTS seen (
+                device TEXT PRIMARY KEY, at REAL NOT NULL, what TEXT NOT NULL DEFAULT ''
+            );
+            CREATE TABLE IF NOT EXISTS serving (
+                device TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL,
+                at REAL NOT NULL, PRIMARY KEY (device, name)
+            );
             """
         )
         # columns added since the first release (an existing database gains them)
@@ -206,15 +213,66 @@ class RolloutStore:
         changed = [self.get(name, v, g) for v, g in keys]
         return [r for r in changed if r is not None]
 
+    def seen(self, device: str, what: str, at: float | None = None) -> None:
+        """The device was heard from (``what``: an update check, a request) now or ``at``."""
+        when = self._clock() if at is None else at
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO seen (device, at, what) VALUES (?, ?, ?) ON CONFLICT (device) "
+                "DO UPDATE SET at=excluded.at, what=excluded.what WHERE excluded.at > seen.at",
+                (device, when, what),
+            )
+
+    def last_seen(self) -> dict[str, tuple[float, str]]:
+        """When each device was last heard from, and how."""
+        with self._lock:
+            rows = self._db.execute("SELECT device, at, what FROM seen").fetchall()
+        return {device: (at, what) for device, at, what in rows}
+
+    def serving(self) -> dict[str, dict[str, int]]:
+        """What each device says it serves now, by model (from its reports)."""
+        with self._lock:
+            rows = self._db.execute("SELECT device, name, version FROM serving").fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for device, name, version in rows:
+            out.setdefault(device, {})[name] = version
+        return out
+
+    def reports(self, name: str, version: int, group: str) -> list[dict[str, Any]]:
+        """The reports of one rollout's devices, the newest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT device, status, detail, at FROM reports "
+                "WHERE name=? AND version=? AND grp=? ORDER BY at DESC",
+                (name, version, group),
+            ).fetchall()
+        return [{"device": d, "status": s, "detail": t, "at": a} for d, s, t, a in rows]
+
     def report(
-        self, device: str, group: str, name: str, version: int, status: str, detail: str = ""
+        self,
+        device: str,
+        group: str,
+        name: str,
+        version: int,
+        status: str,
+        detail: str = "",
+        *,
+        serving: int | None = None,
     ) -> Rollout | None:
-        """Record a device's report; pause the rollout when failures reach its threshold.
+        """Record a device's report (``serving``: the version it serves after it); pause
+        the rollout when failures reach its threshold.
 
         Only the reports of devices in the rollout's slice of its group count.
         Returns the rollout if this report paused it.
         """
         with self._lock:
+            if serving is not None:
+                self._db.execute(
+                    "INSERT INTO serving (device, name, version, at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (device, name) DO UPDATE SET version=excluded.version, "
+                    "at=excluded.at",
+                    (device, name, serving, self._clock()),
+                )
             # a refusal of the metadata says nothing of a version the device installed
             self._db.execute(
                 "INSERT INTO reports (device, name, version, status, detail, at, grp) "
@@ -235,7 +293,7 @@ class RolloutStore:
             return None
         reason = (
             f"paused itself: {failed} of {stats['reported']} reporting devices failed "
-            f"(threshold {rollout.failure_threshold:.0%})"
+            f"(threshold {rollout.failure_threshold:.0%}); the last, {device}: {detail[:200]}"
         )
         with self._lock:
             paused = self._db.execute(

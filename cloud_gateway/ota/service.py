@@ -77,6 +77,7 @@ class OtaService:
                 **extra,
             }
 
+        self.rollouts.seen(device.id, "update check")
         versions = self.rollouts.plan(device.id, device.group)
         aborted = self.rollouts.withdrawn(device.id, device.group)
         return {
@@ -112,7 +113,17 @@ class OtaService:
             detail.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest("report: 'detail' holds a lone surrogate (not UTF-8 text)") from None
-        paused = self.rollouts.report(device.id, device.group, name, version, status, detail)
+        serving = body.get("serving")
+        if serving is not None and (
+            isinstance(serving, bool)
+            or not isinstance(serving, int)
+            or not 1 <= serving <= MAX_VERSION
+        ):
+            raise BadRequest(f"report: 'serving' must be an integer from 1 to {MAX_VERSION}")
+        self.rollouts.seen(device.id, "update report")
+        paused = self.rollouts.report(
+            device.id, device.group, name, version, status, detail, serving=serving
+        )
         if paused is not None:
             for listener in self.listeners:
                 listener(paused)

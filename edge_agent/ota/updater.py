@@ -160,7 +160,12 @@ class OtaUpdater:
 
         url = settings.url or enrollment.gateway
         if not url:
-            raise ConfigError("the gateway's URL: set ota.url (the bundle has none)")
+            raise ConfigError(
+                "ota.url: the gateway's REST address is needed (the enrollment bundle has "
+                'none): set url = "http://GATEWAY:8000" in [ota], or enroll the device with '
+                "`cloud-gateway device add ID --group G --gateway http://GATEWAY:8000 "
+                "--bundle FILE`"
+            )
         self.url = url.rstrip("/")
         self.settings = settings
         self.enrollment = enrollment
@@ -371,12 +376,15 @@ class OtaUpdater:
                 f"within tolerance in {smoke.get('latency_ms')} ms"
                 + (f" (budget {budget:g} ms)" if budget is not None else "")
             )
-        body = {
+        body: dict[str, Any] = {
             "name": outcome.name,
             "version": outcome.version,
             "status": outcome.status,
             "detail": detail[:400],
         }
+        serving = self.serving(outcome.name)
+        if serving is not None:
+            body["serving"] = serving  # what the operator's `device list` shows
         try:
             self.client.post("/v2/ota/report", json=body)
         except httpx.HTTPError as exc:
@@ -384,6 +392,11 @@ class OtaUpdater:
         self.on_step("reported")
         for listener in self.listeners:
             listener(outcome)
+
+    def serving(self, name: str) -> int | None:
+        """The version of ``name`` the device serves: the active slot's, else the bundled."""
+        active = self.store.active(name)
+        return active.version if active is not None else self.bundled(name)
 
     def rollback(self, name: str) -> Rollback:
         """Go back to the previous version of ``name`` and tell the agent and the gateway.
