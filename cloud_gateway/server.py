@@ -72,6 +72,20 @@ def _bind(host: str, port: int) -> Listener:
     return sock
 
 
+def _port_error(
+    field: str, front: str, host: str, port: int, exc: BaseException | None
+) -> ConfigError:
+    """A port that cannot be bound, said in one line: which, who may hold it, the fix."""
+    why = getattr(exc, "strerror", None) or "it is in use, or not allowed here"
+    flag = "--" + field.replace("_", "-")
+    return ConfigError(
+        f"cannot listen on {host}:{port} for {front}: {why} (another cloud-gateway? "
+        f"`ss -ltnp 'sport = :{port}'` says who holds it); choose another port with "
+        f"{flag} or {field} in the configuration",
+        field=field,
+    )
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -127,49 +141,27 @@ class Gateway:
                 ",".join(map(str, config.inference_cpus)),
                 ",".join(map(str, sorted(front))),
             )
-        await self.plane.refresh()
-        loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
-        log.info("models loaded: %s", ", ".join(loaded) or "none")
-
+        # the ports first: a port in use is said at once, not after loading every model
         limits = config.connections
         limit = raise_descriptor_limit(3 * limits.max_connections + RESERVED_DESCRIPTORS)
         cap = connection_cap(limits.max_connections, limit)
+        sock = self._listen_http()
+        try:
+            self._grpc = self._grpc_server(cap)
+        except BaseException:
+            sock.close()
+            raise
+        await self.plane.refresh()
+        loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
+        log.info("models loaded: %s", ", ".join(loaded) or "none")
         log.info(
             "at most %d connections on each front end (max_connections %d, descriptor limit %s)",
             cap,
             limits.max_connections,
             limit or "none",
         )
-        options = [
-            ("grpc.max_receive_message_length", config.max_body_bytes),
-            ("grpc.max_send_message_length", config.max_body_bytes),
-            ("grpc.so_reuseport", 0),
-            # past the cap, gRPC closes a new connection as soon as it is accepted
-            ("grpc.max_allowed_incoming_connections", cap),
-            # a connection that sends nothing (no TLS hello, no HTTP/2 preface) is closed
-            ("grpc.server_handshake_timeout_ms", _ms(limits.header_timeout_s)),
-            ("grpc.max_connection_idle_ms", _ms(limits.grpc_idle_timeout_s)),
-            ("grpc.max_connection_age_ms", _ms(limits.grpc_max_connection_age_s)),
-            ("grpc.max_connection_age_grace_ms", _ms(limits.grpc_max_connection_age_grace_s)),
-            ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
-        ]
-        self._grpc = grpc.aio.server(options=options)
-        add_to_server(InferenceServicer(self.plane), self._grpc)
-        address = f"{config.host}:{config.grpc_port}"
-        if config.tls is not None:
-            tls = config.tls
-            credentials = grpc.ssl_server_credentials(
-                [(tls.key.read_bytes(), tls.cert.read_bytes())],
-                root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
-                require_client_auth=tls.require_client_cert,
-            )
-            self.grpc_port = self._grpc.add_secure_port(address, credentials)
-        else:
-            self.grpc_port = self._grpc.add_insecure_port(address)
         await self._grpc.start()
 
-        sock = _bind(config.host, config.http_port)
-        self.http_port = sock.getsockname()[1]
         self.connections = ConnectionTracker(limits, cap, self.metrics)
         sock.on_exhausted = self.connections.exhausted
         self._undo.append(install_exhaustion_handler(asyncio.get_running_loop(), sock))
@@ -220,6 +212,69 @@ class Gateway:
             await self.mqtt.start()
         if config.poll_interval_s > 0:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
+
+    def _listen_http(self) -> Listener:
+        """The REST front end's socket, bound and listening.
+
+        Raises:
+            ConfigError: the port is in use or may not be bound here.
+        """
+        config = self.config
+        try:
+            sock = _bind(config.host, config.http_port)
+        except OSError as exc:
+            raise _port_error("http_port", "REST", config.host, config.http_port, exc) from None
+        self.http_port = sock.getsockname()[1]
+        return sock
+
+    def _grpc_server(self, cap: int) -> grpc.aio.Server:
+        """The gRPC front end, its port bound (not yet started).
+
+        Raises:
+            ConfigError: the port is in use or may not be bound here.
+        """
+        config, limits = self.config, self.config.connections
+        if config.grpc_port:  # a port in use, said by us (gRPC would first log its own error)
+            try:
+                _bind(config.host, config.grpc_port).close()
+            except OSError as exc:
+                raise _port_error("grpc_port", "gRPC", config.host, config.grpc_port, exc) from None
+        options = [
+            ("grpc.max_receive_message_length", config.max_body_bytes),
+            ("grpc.max_send_message_length", config.max_body_bytes),
+            ("grpc.so_reuseport", 0),
+            # past the cap, gRPC closes a new connection as soon as it is accepted
+            ("grpc.max_allowed_incoming_connections", cap),
+            # a connection that sends nothing (no TLS hello, no HTTP/2 preface) is closed
+            ("grpc.server_handshake_timeout_ms", _ms(limits.header_timeout_s)),
+            ("grpc.max_connection_idle_ms", _ms(limits.grpc_idle_timeout_s)),
+            ("grpc.max_connection_age_ms", _ms(limits.grpc_max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(limits.grpc_max_connection_age_grace_s)),
+            ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
+        ]
+        server = grpc.aio.server(options=options)
+        add_to_server(InferenceServicer(self.plane), server)
+        address = f"{config.host}:{config.grpc_port}"
+        credentials = None
+        if config.tls is not None:
+            tls = config.tls
+            credentials = grpc.ssl_server_credentials(
+                [(tls.key.read_bytes(), tls.cert.read_bytes())],
+                root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
+                require_client_auth=tls.require_client_cert,
+            )
+        try:
+            port: int = (
+                server.add_secure_port(address, credentials)
+                if credentials is not None
+                else server.add_insecure_port(address)
+            )
+        except RuntimeError as exc:  # grpc's "Failed to bind to address"
+            raise _port_error("grpc_port", "gRPC", config.host, config.grpc_port, exc) from None
+        if port == 0:
+            raise _port_error("grpc_port", "gRPC", config.host, config.grpc_port, None)
+        self.grpc_port = port
+        return server
 
     async def _poll(self) -> None:
         while True:

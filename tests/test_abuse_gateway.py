@@ -44,7 +44,7 @@ from cloud_gateway.rest.connections import (
     connection_cap,
 )
 from edge_core.names import MODEL_NAME_RULE
-from edge_core.processes import stop_process
+from edge_core.processes import free_port, stop_process
 from edge_core.protocol.grpc import pb
 
 from .support.backends import SlowBackend
@@ -766,3 +766,31 @@ def test_connection_limits_are_read_from_the_config_file(tmp_path: Path) -> None
     path.write_text('repository = "models"\n[connections]\nmax_conections = 5\n')
     with pytest.raises(ConfigError, match=r"connections\.max_conections: unknown field"):
         load_config(path)
+
+
+@pytest.mark.parametrize("front", ["http", "grpc"])
+def test_a_port_in_use_is_one_line_before_any_model_loads(tmp_path: Path, front: str) -> None:
+    """`cloud-gateway serve` on a port another process holds once loaded every model
+    (~5 s), then printed a RuntimeError and two excepthook messages."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken, other = holder.getsockname()[1], free_port()
+    ports = {"http": (taken, other), "grpc": (other, taken)}[front]
+    try:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "cloud_gateway", "--state-dir", str(tmp_path), "serve",
+             "--repository", str(MODELS), "--http-port", str(ports[0]),
+             "--grpc-port", str(ports[1])],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    flag = "--http-port" if front == "http" else "--grpc-port"
+    assert f"cannot listen on 127.0.0.1:{taken}" in lines[0] and flag in lines[0]
+    assert "models loaded" not in result.stderr
+    assert time.monotonic() - started < 15  # no model was loaded first
