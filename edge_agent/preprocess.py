@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from edge_core.errors import InputError
-from edge_core.package import ImagePreprocessing
+from edge_core.package import ImagePreprocessing, ModelPackage
 
 __all__ = ["ImageView", "decode_image", "image_to_tensor", "tensor_to_image"]
 
@@ -39,6 +39,44 @@ def decode_image(data: bytes) -> Array:
             "cannot decode the image (expected PNG, JPEG, BMP or another format OpenCV reads)"
         )
     return np.asarray(image)
+
+
+def encoded_pictures(package: ModelPackage, inputs: dict[str, Array]) -> dict[str, Array]:
+    """``inputs`` with the model's picture input, when it comes as image files, decoded and
+    preprocessed as the manifest says (as ``edge-agent infer`` reads an image file).
+
+    Files come as ``BYTES`` elements (one a picture), or as a ``uint8`` tensor of one
+    file (1-D) or of one file a row (2-D, rows of equal length); each must start as an
+    image file does (PNG, JPEG, BMP, GIF, TIFF, WebP). Anything else is left as it is,
+    for the runtime's own checks. A model without image preprocessing is left alone.
+
+    Raises:
+        InputError: a file that says it is a picture does not decode.
+    """
+    pre = package.preprocessing
+    value = inputs.get(pre.input) if pre is not None else None
+    if pre is None or value is None:
+        return inputs
+    files = _files(value)
+    if files is None:
+        return inputs
+    tensors = [image_to_tensor(decode_image(data), pre) for data in files]
+    return {**inputs, pre.input: np.concatenate(tensors)}
+
+
+def _files(value: Array) -> list[bytes] | None:
+    from edge_agent.privacy.encoded import image_format
+
+    if value.dtype == object:
+        items = list(value.reshape(-1))
+        if items and all(isinstance(v, bytes) and image_format(v) for v in items):
+            return items
+        return None
+    if value.dtype == np.uint8 and value.ndim in (1, 2) and value.size:
+        rows = [value.tobytes()] if value.ndim == 1 else [row.tobytes() for row in value]
+        if all(image_format(row) for row in rows):
+            return rows
+    return None
 
 
 def _round_to(value: int, multiple: int) -> int:

@@ -273,6 +273,10 @@ class LocalModels:
             for name, entry in sorted(local.items())
         }
 
+    def names(self) -> list[str]:
+        """The models the device has (bundled, or installed over the air)."""
+        return [name for name in self.source.names() if is_model_name(name)]
+
     def rankings(self) -> list[tuple[str, int, tuple[str, ...]]]:
         """The (model, version, precision order) whose best variant is remembered."""
         with self._lock:

@@ -21,6 +21,10 @@ class ModelSource(Protocol):
         """The package to run for ``name``. Raises ``ModelNotFoundError``."""
         ...
 
+    def names(self) -> list[str]:
+        """The models it has."""
+        ...
+
 
 class LayeredSource:
     """The first source that has a model: e.g. updates installed over the air, then
@@ -36,6 +40,9 @@ class LayeredSource:
             except ModelNotFoundError:
                 continue
         raise ModelNotFoundError(f"unknown model {name!r}")
+
+    def names(self) -> list[str]:
+        return sorted({name for source in self.sources for name in source.names()})
 
 
 class OtaSource:
@@ -55,3 +62,6 @@ class OtaSource:
             raise ModelNotFoundError(f"no update of {name!r} is installed")
         package: ModelPackage = self.store.package(name, self.group, self.group_key)
         return package
+
+    def names(self) -> list[str]:
+        return [name for name in self.store.names() if self.store.active(name) is not None]

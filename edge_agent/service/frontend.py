@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from edge_agent.agent import Agent
+from edge_agent.preprocess import encoded_pictures
 from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
 from edge_core.errors import InputError, ModelNotFoundError, Stopping
@@ -136,14 +137,17 @@ class LocalService:
             with self._tracked() as agent:
                 name = check_model_name(request.model_name)
                 version = parse_version(request.model_version)
-                if agent.offload is None and agent.package(name) is None:
+                package = agent.package(name)
+                if agent.offload is None and package is None:
                     raise ModelNotFoundError(
                         f"unknown model {name!r}: not on this device, and no gateway to ask"
                     )
+                # pictures as files (a camera's JPEG): preprocessed as the manifest says
+                inputs = encoded_pictures(package, request.inputs) if package else request.inputs
                 timeout_us = request.timeout_us
                 result = agent.infer(
                     name,
-                    request.inputs,
+                    inputs,
                     label=_label(request, label),
                     deadline_ms=timeout_us / 1000 if timeout_us else None,
                     request_id=rid,
@@ -189,6 +193,23 @@ class LocalService:
             id=request.id,
             parameters=parameters,
         )
+
+    def repository_index(self) -> list[dict[str, str]]:
+        """The models on the device, as the repository extension lists them: READY when
+        this device can run one (a variant its runtimes and profile allow)."""
+        agent = self.agent
+        index = []
+        for name in agent.models.names():
+            package = agent.package(name)
+            if package is None:
+                continue
+            runs = agent.models.best_variant(package) is not None
+            entry = {"name": name, "version": str(package.version)}
+            entry["state"] = "READY" if runs else "UNAVAILABLE"
+            if not runs:
+                entry["reason"] = "no variant this device's runtimes and profile can run"
+            index.append(entry)
+        return index
 
     def _label_of(self, name: str) -> str:
         """The metric label of a requested model: its name when the agent knows it

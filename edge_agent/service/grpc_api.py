@@ -73,6 +73,7 @@ class GrpcApi:
             "ServerMetadata": self._server_metadata,
             "ModelMetadata": self._model_metadata,
             "ModelInfer": self._infer,
+            "RepositoryIndex": self._repository_index,
         }
         self._server.add_generic_rpc_handlers(
             (generic_handler({name: _guarded(m) for name, m in methods.items()}),)
@@ -115,6 +116,20 @@ class GrpcApi:
             platform=meta["platform"],
             inputs=[tensor(**t) for t in meta["inputs"]],
             outputs=[tensor(**t) for t in meta["outputs"]],
+        )
+
+    def _repository_index(self, request: Any, context: Any) -> Any:
+        index = pb().RepositoryIndexResponse
+        return index(
+            models=[
+                index.ModelIndex(
+                    name=m["name"],
+                    version=m["version"],
+                    state=m["state"],
+                    reason=m.get("reason", ""),
+                )
+                for m in self.service.repository_index()
+            ]
         )
 
     def _infer(self, request: Any, context: Any) -> Any:

@@ -202,6 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, SERVER)
         if path == "/metrics":
             return self._send(200, service.metrics.render(), CONTENT_TYPE)
+        if path == "/v2/models":
+            return self._json(200, {"models": [m["name"] for m in service.repository_index()]})
         match = _MODEL.match(path)
         if match is None or match.group(3) == "/infer":
             return self._error(404, f"no such endpoint: GET {path}")
@@ -217,6 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        if path == "/v2/repository/index":  # the repository extension's listing (read only)
+            if self._body() is not None:
+                self._json(200, self.service.repository_index())
+            return None
         match = _MODEL.match(path)
         if match is None or match.group(3) != "/infer":
             if self._body() is not None:  # else it has answered already (411, 413)
