@@ -61,7 +61,13 @@ def write_private(path: Path, data: bytes, *, group: int | None = None) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             if group is not None:
-                os.fchown(handle.fileno(), -1, group)
+                try:
+                    os.fchown(handle.fileno(), -1, group)
+                except PermissionError:
+                    raise ValueError(
+                        f"cannot give {path.name} to group {group}: only root, or a member "
+                        "of that group, can"
+                    ) from None
                 os.fchmod(handle.fileno(), 0o640)
             handle.write(data)
             handle.flush()

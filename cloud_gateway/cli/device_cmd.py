@@ -4,6 +4,7 @@ files from the device registry)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,8 +49,9 @@ def register(commands: Any) -> None:
     acl.add_argument("--gateway-user", help="the bridge's broker user (default: _gateway)")
     acl.add_argument(
         "--broker-group",
-        help="the broker's group, which may read the files (0640); default: mosquitto when "
-        "that group exists (Debian's broker drops to it), else none (0600); 'none' for none",
+        help="the broker's group, which may read the files (0640); default, as root: "
+        "mosquitto when that group exists (Debian's broker, started as root, reads them as "
+        "it), else none (0600)",
     )
     acl.set_defaults(run=_mqtt_acl)
 
@@ -153,7 +155,9 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
     user = args.gateway_user or (config.mqtt.username if config.mqtt else None)
     user = str(user or MqttBridgeSettings().username)
     password = ensure_gateway_password(config.mqtt_password_file)
-    name = args.broker_group or DEBIAN_BROKER_GROUP
+    # Debian's broker, started as root (a system service), reads its files as mosquitto;
+    # a broker run as this user reads them as this user
+    name = args.broker_group or (DEBIAN_BROKER_GROUP if os.geteuid() == 0 else "none")
     try:
         group = broker_group(None if name == "none" else name)
     except ValueError:

@@ -90,7 +90,11 @@ class GroupKeys:
         """
         path = self._path(group)
         if not path.is_file():
-            raise KeyError(f"group {group!r} has no key yet: add a device to it first")
+            raise KeyError(
+                f"group {group!r} has no key in {self.dir} yet: add a device to it first "
+                "(`device add ID --group G`), or name the gateway's state directory, where "
+                "`device add` made it (--config FILE or --state-dir DIR)"
+            )
         return base64.b64decode(json.loads(path.read_text())["public"])
 
     def groups(self) -> list[str]:
