@@ -67,7 +67,7 @@ A TOML file (every field optional; command-line flags override it)::
     ca = "ca.pem"                    # and cert/key for a client certificate
 
 A wrong field fails at start with the file, the field and what was expected.
-docs/notes/gateway-limits.md lists every limit and timeout with what happens
+docs/limits.md lists every limit and timeout with what happens
 when it is hit.
 """
 
@@ -119,7 +119,7 @@ class RateLimitSettings:
 @dataclass(frozen=True)
 class ConnectionSettings:
     """Limits and timeouts of client connections (``[connections]``; what happens when
-    one is hit: docs/notes/gateway-limits.md).
+    one is hit: docs/limits.md).
 
     ``max_connections``: per front end, lowered to a third of what the descriptor
     limit leaves (``(RLIMIT_NOFILE - 64) // 3``). ``header_timeout_s``: REST, from a
