@@ -6,9 +6,9 @@ checks the model's name and version against the one rule of
 :mod:`edge_core.names` before anything is looked up (a 400 that gives the
 rule), checks the request against the model (names, datatypes, shapes), queues it in
 the model's batcher (or runs it directly when batching is off for the model),
-keeps its deadline, and returns an :class:`InferResponse`. Every error is one
-of :mod:`cloud_gateway.errors` (or the agent's tree), which the front ends map
-to statuses through one table.
+keeps its deadline, and returns an :class:`InferResponse`. Every error comes from
+the one error tree (:mod:`edge_core.errors`), which the front ends map
+to statuses through one table (:mod:`edge_core.status`).
 """
 
 from __future__ import annotations

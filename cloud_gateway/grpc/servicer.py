@@ -2,7 +2,7 @@
 
 A thin translation between protobuf and the data plane. The caller's token
 comes in the ``authorization`` metadata (``Bearer <token>``); errors become
-gRPC statuses from the one table in :mod:`cloud_gateway.errors`.
+gRPC statuses from the one table in :mod:`edge_core.status`.
 """
 
 from __future__ import annotations
