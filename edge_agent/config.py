@@ -89,10 +89,23 @@ the sample models, local only)::
     [logging]
     format = "json"                 # json (one object a line, with request ids) | text
     level = "info"
+
+    [[streams]]                     # camera and video streams through the agent (any number)
+    name = "door"                   # letters, digits, '.', '_', '-' (its metrics and topics)
+    source = "/dev/video0"          # a video file, /dev/videoN, rtsp://... or http://...
+    model = "face-detection-short-range"   # a model with image preprocessing
+    label = "personal"              # the frames' sensitivity (public | personal | sensitive)
+    rate = 5                        # frames a second taken (0: every frame the source gives)
+    key_frames = 0                  # skip a frame that differs from the last inferred by less
+                                    # than this (mean absolute difference, 0..255; 0: none)
+    sink = "mqtt"                   # mqtt | sse | stdout | jsonl:PATH (one result a line)
+    deadline_ms = 0                 # each frame's (0: the agent's deadline_ms)
+    realtime = true                 # a file is read at its own frame rate, as a camera gives it
 """
 
 from __future__ import annotations
 
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -111,6 +124,7 @@ __all__ = [
     "GatewaySettings",
     "LoggingSettings",
     "OtaSettings",
+    "StreamSettings",
     "TelemetrySettings",
     "ThermalSettings",
     "load_agent_config",
@@ -211,6 +225,21 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class StreamSettings:
+    """One ``[[streams]]`` table: a camera or video through the agent."""
+
+    name: str
+    source: str  # a path (resolved against the file's folder), a device or a URL
+    model: str
+    label: str | None = None
+    rate: float = 0.0
+    key_frames: float = 0.0
+    sink: str = "stdout"
+    deadline_ms: float = 0.0
+    realtime: bool = True
+
+
+@dataclass(frozen=True)
 class BreakerSettings:
     failures: int = 3
     cooldown_s: float = 5.0
@@ -236,6 +265,7 @@ class AgentConfig:
     api: ApiSettings = field(default_factory=ApiSettings)
     thermal: ThermalSettings = field(default_factory=ThermalSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    streams: tuple[StreamSettings, ...] = ()
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -297,6 +327,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         api=_api(fields.table("api", None), resolve),
         thermal=_thermal(fields.table("thermal", None)),
         logging=_logging(fields.table("logging", None)),
+        streams=_streams(fields, resolve),
         source=path,
     )
     fields.done()
@@ -439,6 +470,46 @@ def _thermal(t: Fields) -> ThermalSettings:
     )
     t.done()
     return thermal
+
+
+STREAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SINKS = ("mqtt", "sse", "stdout")
+
+
+def _streams(fields: Fields, resolve: Callable[[str], Path]) -> tuple[StreamSettings, ...]:
+    streams: list[StreamSettings] = []
+    for s in fields.tables("streams", []):
+        name = s.string("name")
+        if not STREAM_NAME.fullmatch(name):
+            raise s.fail(
+                "name", f"expected 1-64 letters, digits, '.', '_' or '-', got {name!r:.80}"
+            )
+        if name in {stream.name for stream in streams}:
+            raise s.fail("name", f"a second stream is named {name!r}")
+        source = s.string("source")
+        if "://" not in source and not source.startswith("/dev/"):
+            source = str(resolve(source))  # a file, relative to this one
+        sink = s.string("sink", StreamSettings.sink)
+        if sink not in SINKS and not sink.startswith("jsonl:"):
+            raise s.fail("sink", f"expected one of {', '.join(SINKS)} or jsonl:PATH, got {sink!r}")
+        if sink.startswith("jsonl:"):
+            sink = "jsonl:" + str(resolve(sink.removeprefix("jsonl:")))
+        defaults = StreamSettings(name=name, source=source, model="")
+        streams.append(
+            StreamSettings(
+                name=name,
+                source=source,
+                model=s.string("model"),
+                label=s.string("label", None, choices=["public", "personal", "sensitive"]),
+                rate=s.number("rate", defaults.rate, minimum=0.0),
+                key_frames=s.number("key_frames", defaults.key_frames, minimum=0.0, maximum=255),
+                sink=sink,
+                deadline_ms=s.number("deadline_ms", defaults.deadline_ms, minimum=0.0),
+                realtime=s.boolean("realtime", defaults.realtime),
+            )
+        )
+        s.done()
+    return tuple(streams)
 
 
 def _logging(g: Fields) -> LoggingSettings:

@@ -21,13 +21,13 @@ from edge_agent.cli.common import (
 from edge_agent.config import AgentConfig
 from edge_agent.policy.rules import LABELS
 from edge_agent.profiles import DeviceProfile
+from edge_agent.results import describe_outputs
 from edge_core.errors import InputError
 from edge_core.package import ModelPackage
 from edge_core.repository import ModelRepository
 from edge_core.runtime import open_variant
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
-MAX_PRINTED_VALUES = 1000
 
 
 def register(commands: Any) -> None:
@@ -100,40 +100,6 @@ def read_input(package: ModelPackage, path: Path) -> dict[str, np.ndarray[Any, A
     )
 
 
-def describe_outputs(
-    package: ModelPackage, outputs: dict[str, np.ndarray[Any, Any]], *, top_k: int, full: bool
-) -> dict[str, Any]:
-    result: dict[str, Any] = {"outputs": {}}
-    for name, value in outputs.items():
-        entry: dict[str, Any] = {"shape": list(value.shape), "datatype": str(value.dtype)}
-        if full or value.size <= MAX_PRINTED_VALUES:
-            entry["data"] = np.round(value.astype(np.float64), 6).tolist()
-        else:
-            entry["summary"] = {
-                "min": float(value.min()),
-                "max": float(value.max()),
-                "mean": float(value.mean()),
-            }
-        result["outputs"][name] = entry
-    if package.task == "classification" and package.outputs:
-        scores = outputs[package.outputs[0].name].reshape(
-            -1, outputs[package.outputs[0].name].shape[-1]
-        )
-        labels = package.labels
-        result["top_k"] = [
-            [
-                {
-                    "index": int(i),
-                    "label": labels[i] if i < len(labels) else str(i),
-                    "score": round(float(row[i]), 6),
-                }
-                for i in np.argsort(-row)[:top_k]
-            ]
-            for row in scores
-        ]
-    return result
-
-
 def agent_input(agent: Agent, args: argparse.Namespace) -> dict[str, np.ndarray[Any, Any]]:
     """The ``--input`` file read for ``--model`` as the agent's repository describes it."""
     package = agent.package(args.model)
@@ -164,7 +130,7 @@ def _infer(args: argparse.Namespace) -> int:
                 **result.to_dict(),
                 "profile": agent.profile.id,
                 "backend": backend,
-                **describe_outputs(answered, result.outputs, top_k=args.top_k, full=args.full),
+                **describe_outputs(answered, result.outputs, top=args.top_k, full=args.full),
             }
         )
     finally:
@@ -192,7 +158,7 @@ def _infer_variant(args: argparse.Namespace, config: AgentConfig, profile: Devic
             "decision": "LOCAL",
             "reason": "variant_requested",
             "latency_ms": round(latency_ms, 4),
-            **describe_outputs(package, outputs, top_k=args.top_k, full=args.full),
+            **describe_outputs(package, outputs, top=args.top_k, full=args.full),
         }
     )
     return 0

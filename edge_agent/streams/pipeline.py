@@ -1,0 +1,323 @@
+"""One stream: decode → preprocess → infer → postprocess, each stage on a thread of its
+own, so that the slowest sets the pace and the others overlap it (while frame t is
+inferred, frame t+1 is decoded and preprocessed, frame t-1's result written).
+
+::
+
+    capture ──▶ [newest frame wins] ──▶ prepare ──▶ [1] ──▶ infer ──▶ [2] ──▶ emit ──▶ sink
+    (decode,     (one slot: an older      (key frame?    (through the      (describe,
+     pace)        frame is dropped)        preprocess)    agent: policy,    result, sink)
+                                                          offload, fallback)
+
+Between the capture and the rest there is one slot (:class:`~.rules.LatestSlot`): when
+inference is slower than the camera, old frames are dropped, not queued, and counted.
+After it the queues are short (double buffering: one item waits while the next stage
+works), so a frame that was taken is never dropped, and results come out in order.
+
+Every frame goes through :meth:`Agent.infer`: the policy decides per frame (a
+``personal`` stream that offloads sends redacted frames, a ``sensitive`` one stays on
+the device), with the agent's fallback when the cloud fails (degraded results, no
+stall). A frame the agent refuses or fails gives a result with its ``error``.
+
+A result (a dict, JSON as it is) carries the stream, the frame's index and capture
+time, the end-to-end latency (capture to result), each stage's time, the decision, and
+what the model answered (:func:`edge_agent.results.describe_outputs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from edge_agent.agent.stats import LatencyWindow
+from edge_agent.config import StreamSettings
+from edge_agent.preprocess import image_to_tensor
+from edge_agent.streams.rules import LatestSlot, key_frame, next_due, thumbnail
+from edge_core.errors import EdgeError, InputError
+from edge_core.package import ModelPackage
+from edge_core.status import status_of
+
+__all__ = ["Capture", "Frame", "Infer", "Stream", "StreamStats"]
+
+log = logging.getLogger(__name__)
+
+Array = np.ndarray[Any, Any]
+STAGES = ("decode", "preprocess", "infer", "postprocess")
+_END = object()  # what closes a queue
+
+
+@dataclass
+class Frame:
+    index: int
+    captured: float  # wall-clock time (time.time()), as results carry it
+    at: float  # the monotonic clock, for latencies
+    pixels: Array  # BGR uint8, H x W x 3
+    stages: dict[str, float] = field(default_factory=dict)  # milliseconds
+
+
+class Capture(Protocol):
+    """A source of frames: OpenCV's ``VideoCapture`` (a file, a camera, a URL) or a fake."""
+
+    def read(self) -> tuple[bool, Array | None]: ...
+
+    def release(self) -> None: ...
+
+    def get(self, prop: int) -> float: ...
+
+
+class Infer(Protocol):
+    """The agent's ``infer`` (the stream's seam)."""
+
+    def __call__(
+        self, model: str, inputs: dict[str, Array], *, label: str | None, deadline_ms: float | None
+    ) -> Any: ...
+
+
+class StreamStats:
+    """A stream's counters and latencies, thread-safe; names are from a bounded set."""
+
+    OUTCOMES = ("in", "out", "dropped", "skipped", "failed", "degraded")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(self.OUTCOMES, 0)
+        self.latency = LatencyWindow(512)  # "end_to_end" and each stage, in ms
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[outcome] += n
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            counts = dict(self.counts)
+        return {"frames": counts, "latency_ms": self.latency.summary()}
+
+
+class Stream:
+    """Runs one ``[[streams]]`` entry until its source ends or :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: StreamSettings,
+        package: ModelPackage,
+        *,
+        open_capture: Callable[[], Capture],
+        infer: Infer,
+        emit: Callable[[dict[str, Any]], None],
+        describe: Callable[[ModelPackage, dict[str, Array]], dict[str, Any]],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``package``: the model's (its image preprocessing makes a frame its input).
+
+        Raises:
+            InputError: the model takes no pictures (no image preprocessing).
+        """
+        if package.preprocessing is None:
+            raise InputError(
+                f"stream {settings.name}: model {package.name} takes no pictures (its manifest "
+                "has no image preprocessing)"
+            )
+        self.settings = settings
+        self.package = package
+        self.stats = StreamStats()
+        self._open = open_capture
+        self._infer = infer
+        self._emit = emit
+        self._describe = describe
+        self._clock = clock
+        self._wall = wall
+        self._slot: LatestSlot[Frame] = LatestSlot()
+        self._prepared: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._answered: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.finished = threading.Event()  # the source ended, or the stream was stopped
+
+    # -- life -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, stage in (
+            (self._capture_loop, "capture"),
+            (self._prepare_loop, "prepare"),
+            (self._infer_loop, "infer"),
+            (self._emit_loop, "emit"),
+        ):
+            thread = threading.Thread(
+                target=target, name=f"stream-{self.settings.name}-{stage}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def request_stop(self) -> None:
+        """Take no more frames (those taken finish: see :meth:`join`)."""
+        self._stop.set()
+
+    def stop(self, drain_s: float = 5.0) -> bool:
+        """Take no more frames; let those taken finish within ``drain_s``. Whether they did."""
+        self.request_stop()
+        return self.finished.wait(drain_s)
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.finished.wait(timeout)
+
+    # -- the stages -------------------------------------------------------------------
+
+    def _capture_loop(self) -> None:
+        """Decode frames and leave each in the slot (the newest wins), at the stream's
+        pace; a file read in real time at its own frame rate, as a camera gives it."""
+        try:
+            capture = self._open()
+        except Exception as exc:  # no source: said once, and the stream ends
+            log.error(
+                "stream %s: cannot open %s: %s", self.settings.name, self.settings.source, exc
+            )
+            self._slot.close()
+            return
+        try:
+            for frame in self._frames(capture):
+                self.stats.count("in")
+                if self._slot.put(frame):
+                    self.stats.count("dropped")
+        except Exception:
+            log.exception("stream %s: the capture failed", self.settings.name)
+        finally:
+            capture.release()
+            self._slot.close()
+
+    def _frames(self, capture: Capture) -> Iterator[Frame]:
+        import cv2
+
+        fps = capture.get(cv2.CAP_PROP_FPS) if self.settings.realtime else 0.0
+        interval = 1.0 / fps if self._is_file() and fps and fps > 0 else 0.0
+        started, due, index = self._clock(), self._clock(), 0
+        while not self._stop.is_set():
+            if interval:  # a file, in real time: frame n at its own time
+                wait = started + index * interval - self._clock()
+                if wait > 0 and self._stop.wait(wait):
+                    return
+            before = self._clock()
+            ok, pixels = capture.read()
+            if not ok or pixels is None:
+                return
+            now = self._clock()
+            index += 1
+            take, due = next_due(due, now, self.settings.rate)
+            if take:
+                frame = Frame(index - 1, self._wall(), now, pixels)
+                frame.stages["decode"] = (now - before) * 1000
+                yield frame
+
+    def _is_file(self) -> bool:
+        source = self.settings.source
+        return "://" not in source and not source.startswith("/dev/")
+
+    def _prepare_loop(self) -> None:
+        """Key frames, then the manifest's preprocessing."""
+        pre = self.package.preprocessing
+        assert pre is not None
+        last: Array | None = None
+        while True:
+            frame = self._slot.take(timeout=0.5)
+            if frame is None:
+                if self._slot.done:
+                    break
+                continue
+            started = self._clock()
+            tensor: Array | None = None
+            if self.settings.key_frames > 0:
+                small = thumbnail(frame.pixels)
+                if key_frame(last, small, self.settings.key_frames).key:
+                    last = small
+                else:
+                    self.stats.count("skipped")
+                    frame.stages["preprocess"] = (self._clock() - started) * 1000
+                    self._prepared.put((frame, None))  # its result: the last one's
+                    continue
+            tensor = image_to_tensor(frame.pixels, pre)
+            frame.stages["preprocess"] = (self._clock() - started) * 1000
+            self._prepared.put((frame, tensor))
+        self._prepared.put(_END)
+
+    def _infer_loop(self) -> None:
+        pre = self.package.preprocessing
+        assert pre is not None
+        deadline = self.settings.deadline_ms or None
+        last: Any = None
+        while (item := self._prepared.get()) is not _END:
+            frame, tensor = item
+            started = self._clock()
+            outcome: Any
+            if tensor is None:
+                outcome = last if last is not None else EdgeError("no frame inferred yet")
+            else:
+                try:
+                    outcome = self._infer(
+                        self.package.name,
+                        {pre.input: tensor},
+                        label=self.settings.label,
+                        deadline_ms=deadline,
+                    )
+                    last = outcome
+                except EdgeError as exc:  # refused, or the cloud failed with no stand-in
+                    outcome = exc
+            frame.stages["infer"] = (self._clock() - started) * 1000
+            self._answered.put((frame, outcome, tensor is None))
+        self._answered.put(_END)
+
+    def _emit_loop(self) -> None:
+        try:
+            while (item := self._answered.get()) is not _END:
+                frame, outcome, skipped = item
+                started = self._clock()
+                result = self._result(frame, outcome, skipped)
+                frame.stages["postprocess"] = (self._clock() - started) * 1000
+                end_to_end = (self._clock() - frame.at) * 1000
+                result["latency_ms"] = round(end_to_end, 3)
+                result["stages_ms"] = {k: round(v, 3) for k, v in frame.stages.items()}
+                self.stats.latency.observe("end_to_end", end_to_end)
+                for stage in STAGES:
+                    if stage in frame.stages:
+                        self.stats.latency.observe(stage, frame.stages[stage])
+                self.stats.count("out")
+                try:
+                    self._emit(result)
+                except Exception as exc:  # a sink that fails loses this result, not the stream
+                    log.warning("stream %s: the sink failed: %s", self.settings.name, exc)
+        finally:
+            self.finished.set()
+
+    def _result(self, frame: Frame, outcome: Any, skipped: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "stream": self.settings.name,
+            "frame": frame.index,
+            "captured_at": frame.captured,
+            "skipped": skipped,
+        }
+        if isinstance(outcome, BaseException):
+            self.stats.count("failed")
+            status = status_of(outcome)
+            decision = getattr(outcome, "decision", None)
+            result.update(error=status.message, status=status.http)
+            if decision is not None:
+                result.update(decision=decision.action.value, reason=decision.reason)
+            return result
+        if outcome.degraded:
+            self.stats.count("degraded")
+        result.update(
+            decision=outcome.decision.action.value,
+            reason=outcome.decision.reason,
+            where=outcome.where,
+            model=outcome.model,
+            version=outcome.version,
+            degraded=outcome.degraded,
+            answer=self._describe(self.package, outcome.outputs),
+        )
+        return result

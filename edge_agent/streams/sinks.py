@@ -1,0 +1,120 @@
+"""Where a stream's results go: JSON lines (a file or stdout), the device's MQTT
+connection (a results topic per stream, QoS 0: a late result is worthless, so nothing
+queues behind a lost link), or the local API's server-sent events (each subscriber a
+bounded queue: a slow one loses old results, never holds up the stream).
+
+Every sink is bounded; each counts what it could not send.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["Broadcaster", "JsonLines", "MqttResults", "Sink", "results_topic"]
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+def _line(result: dict[str, Any]) -> str:
+    return json.dumps(result, separators=(",", ":"), default=str)
+
+
+class JsonLines:
+    """One JSON object a line, flushed with each: to ``path`` (appended), or stdout."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._own = path is not None
+        self._out: IO[str] = path.open("a", encoding="utf-8") if path else sys.stdout
+        self._lock = threading.Lock()
+
+    def __call__(self, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._out.write(_line(result) + "\n")
+            self._out.flush()
+
+    def close(self) -> None:
+        if self._own:
+            self._out.close()
+
+
+def results_topic(device: str, stream: str) -> str:
+    return f"devices/{device}/streams/{stream}/results"
+
+
+class MqttResults:
+    """Each result published at QoS 0 on ``devices/<id>/streams/<name>/results``; while
+    the link is down a result is dropped and counted (paho keeps no QoS 0 message)."""
+
+    def __init__(self, connection: Any, device: str, stream: str) -> None:
+        self.connection = connection
+        self.topic = results_topic(device, stream)
+        self.dropped = 0
+
+    def __call__(self, result: dict[str, Any]) -> None:
+        if not self.connection.is_connected():
+            self.dropped += 1
+            return
+        if not self.connection.publish(self.topic, _line(result), qos=0).ok:
+            self.dropped += 1
+
+
+class Broadcaster:
+    """The results of one stream to every subscriber of the local API's event stream."""
+
+    def __init__(self, per_subscriber: int = 64, max_subscribers: int = 16) -> None:
+        self._per = per_subscriber
+        self._max = max_subscribers
+        self._subscribers: list[_Subscriber] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, result: dict[str, Any]) -> None:
+        line = _line(result)
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for subscriber in subscribers:
+            subscriber.put(line)
+
+    def subscribe(self) -> _Subscriber | None:
+        """A new subscriber, or ``None`` when there are ``max_subscribers`` already."""
+        with self._lock:
+            if len(self._subscribers) >= self._max:
+                return None
+            subscriber = _Subscriber(self._per, self)
+            self._subscribers.append(subscriber)
+            return subscriber
+
+    def unsubscribe(self, subscriber: _Subscriber) -> None:
+        with self._lock:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+
+class _Subscriber:
+    def __init__(self, size: int, broadcaster: Broadcaster) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=size)
+        self._cond = threading.Condition()
+        self._broadcaster = broadcaster
+        self.dropped = 0
+
+    def put(self, line: str) -> None:
+        with self._cond:
+            if len(self._lines) == self._lines.maxlen:
+                self.dropped += 1  # the oldest goes: this subscriber reads too slowly
+            self._lines.append(line)
+            self._cond.notify()
+
+    def next(self, timeout: float) -> str | None:
+        """The next result's line, or ``None`` after ``timeout`` seconds without one."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._lines), timeout):
+                return None
+            return self._lines.popleft()
+
+    def close(self) -> None:
+        self._broadcaster.unsubscribe(self)

@@ -1,0 +1,174 @@
+"""Streams: the pure rules (newest frame wins, key frames, pacing), and the pipeline on a
+video file the test writes, with a slow inference at the stream's seam and with a real
+agent."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from edge_agent.agent import DEFAULT_POLICY, Agent, AgentResult
+from edge_agent.config import StreamSettings
+from edge_agent.policy import Action, Decision, load_policy
+from edge_agent.profiles import ProfileStore
+from edge_agent.profiles.state import DeviceState
+from edge_agent.results import describe_outputs
+from edge_agent.streams import Streams, open_capture
+from edge_agent.streams.pipeline import Stream
+from edge_agent.streams.rules import LatestSlot, key_frame, next_due, thumbnail
+from edge_core.repository import ModelRepository
+
+from .support.paths import MODELS, PROFILES
+
+LIGHT = ModelRepository(MODELS).get("digits-light")
+
+
+def write_video(path: Path, frames: int, fps: float = 30.0, *, still: bool = False) -> Path:
+    """A 160x120 clip: a white digit-like block that moves (or stays) on black."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (160, 120))
+    assert writer.isOpened()
+    for index in range(frames):
+        frame = np.zeros((120, 160, 3), np.uint8)
+        x = 20 if still else 10 + (index * 4) % 120
+        cv2.rectangle(frame, (x, 30), (x + 20, 90), (255, 255, 255), -1)
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def test_the_newest_frame_wins_and_each_drop_is_counted() -> None:
+    slot: LatestSlot[int] = LatestSlot()
+    assert slot.put(1) is False and slot.put(2) is True and slot.put(3) is True
+    assert slot.dropped == 2 and slot.take(0) == 3 and slot.take(0) is None
+    slot.put(4)
+    slot.close()
+    assert not slot.done and slot.take(0) == 4 and slot.done and slot.take(0) is None
+
+
+def test_a_frame_like_the_last_one_inferred_is_skipped() -> None:
+    a = np.zeros((120, 160, 3), np.uint8)
+    b = a.copy()
+    b[:, :80] = 255  # half the picture changed
+    ta, tb = thumbnail(a), thumbnail(b)
+    assert key_frame(None, ta, 5.0).key  # the first frame always is
+    assert not key_frame(ta, ta, 5.0).key and key_frame(ta, ta, 5.0).difference == 0
+    changed = key_frame(ta, tb, 5.0)
+    assert changed.key and 120 < changed.difference < 135
+    assert key_frame(ta, ta, 0.0).key  # 0: every frame
+
+
+def test_a_paced_stream_takes_a_frame_at_most_as_often_as_its_rate() -> None:
+    due, taken = 0.0, []
+    for step in range(300):  # a 30 fps camera for 10 s, a stream paced to 5 fps
+        now = step / 30
+        take, due = next_due(due, now, 5.0)
+        if take:
+            taken.append(now)
+    assert 48 <= len(taken) <= 51
+    assert min(np.diff(taken)) >= 0.19
+    assert next_due(0.0, 1.0, 0.0) == (True, 1.0)  # no rate: every frame
+
+
+def settings(source: Path, **extra: Any) -> StreamSettings:
+    return StreamSettings(name="cam", source=str(source), model="digits-light", **extra)
+
+
+def run_stream(stream: Stream, timeout: float = 30) -> None:
+    stream.start()
+    assert stream.join(timeout), "the stream did not end with its file"
+
+
+def test_a_slow_model_drops_old_frames_and_results_come_in_order(tmp_path: Path) -> None:
+    """A 30 fps file read in real time, a model that takes 80 ms a frame: most frames
+    are dropped at the slot, none after it, and the results are in order."""
+    video = write_video(tmp_path / "clip.avi", 45)
+    results: list[dict[str, Any]] = []
+
+    decision = Decision(Action.LOCAL, "prefer_local", "", "digits-light", "public")
+
+    def slow(model: str, inputs: dict[str, Any], **kwargs: Any) -> AgentResult:
+        assert inputs["pixels"].shape == (1, 64)  # preprocessed as the manifest says
+        time.sleep(0.08)
+        outputs = {"probabilities": np.full((1, 10), 0.1, np.float32)}
+        return AgentResult("digits-light", outputs, decision, "device", 80.0, "r", version=1)
+
+    stream = Stream(
+        settings(video), LIGHT, open_capture=lambda: open_capture(str(video)), infer=slow,
+        emit=results.append, describe=describe_outputs,
+    )  # fmt: skip
+    run_stream(stream)
+    counts = stream.stats.snapshot()["frames"]
+    assert counts["in"] == 45
+    assert counts["out"] == len(results) and counts["out"] + counts["dropped"] == 45
+    assert counts["dropped"] >= 20, counts  # 80 ms a frame against 33 ms between frames
+    frames = [r["frame"] for r in results]
+    assert frames == sorted(frames) and len(set(frames)) == len(frames)
+    first = results[0]
+    assert set(first["stages_ms"]) == {"decode", "preprocess", "infer", "postprocess"}
+    assert first["latency_ms"] >= first["stages_ms"]["infer"] >= 75
+    assert first["answer"]["top_k"][0][0]["score"] == pytest.approx(0.1)
+
+
+def test_a_still_scene_is_inferred_once_with_key_frames(tmp_path: Path) -> None:
+    video = write_video(tmp_path / "still.avi", 20, still=True)
+    calls, results = [], []
+    agent = local_agent()
+    try:
+
+        def counted(model: str, inputs: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            return agent.infer(model, inputs, **kwargs)
+
+        stream = Stream(
+            settings(video, key_frames=8.0, realtime=False), LIGHT,
+            open_capture=lambda: open_capture(str(video)), infer=counted, emit=results.append,
+            describe=describe_outputs,
+        )  # fmt: skip
+        run_stream(stream)
+    finally:
+        agent.close()
+    counts = stream.stats.snapshot()["frames"]
+    assert len(calls) == 1 and counts["skipped"] == len(results) - 1 and len(results) >= 2
+    assert all(r["skipped"] for r in results[1:]) and not results[0]["skipped"]
+    assert results[-1]["answer"] == results[0]["answer"]  # the last result carried over
+
+
+def local_agent() -> Agent:
+    return Agent(
+        profile=ProfileStore(PROFILES).get("generic-x86_64"),
+        repository=ModelRepository(MODELS),
+        rules=load_policy(DEFAULT_POLICY),
+        device_state=lambda: DeviceState(),
+    )
+
+
+def test_every_frame_goes_through_the_agent(tmp_path: Path) -> None:
+    video = write_video(tmp_path / "clip.avi", 12)
+    out = tmp_path / "results.jsonl"
+    agent = local_agent()
+    entry = StreamSettings(
+        name="door", source=str(video), model="digits-light", label="sensitive",
+        realtime=False, sink=f"jsonl:{out}",
+    )  # fmt: skip
+    try:
+        streams = Streams((entry,), agent=lambda: agent, device_id="cam-01")
+        streams.start()
+        assert streams.streams["door"].join(30)
+        assert streams.stop(5)
+    finally:
+        agent.close()
+    import json
+
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines and all(
+        line["decision"] == "LOCAL" and line["where"] == "device" for line in lines
+    )
+    assert all(line["answer"]["top_k"][0][0]["label"] in LIGHT.labels for line in lines)
+    snapshot = streams.snapshot()["door"]
+    assert snapshot["frames"]["out"] == len(lines)
+    assert snapshot["latency_ms"]["end_to_end"]["count"] == len(lines)
