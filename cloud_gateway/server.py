@@ -364,6 +364,9 @@ class GatewayThread:
         return f"127.0.0.1:{self.gateway.grpc_port}"
 
     def stop(self) -> None:
+        """Stop the gateway and its loop; stopping a stopped one does nothing."""
+        if self._loop.is_closed():
+            return
         try:
             self.call(self.gateway.stop())
         finally:

@@ -99,9 +99,11 @@ def create_fleet_link(
     *,
     agent: Callable[[], Agent] | None = None,
     updater: Any = None,
+    streams: Callable[[], dict[str, Any]] = dict,
 ) -> Any:
     """Telemetry (per ``[telemetry]``) and rollout announcements over ``connection``;
-    ``agent()`` is the agent whose state the periodic telemetry reports."""
+    ``agent()`` is the agent whose state the periodic telemetry reports, ``streams()``
+    the streams' counters (a ``streams`` report when there are any)."""
     from edge_agent.fleet import FleetLink
     from edge_agent.reports import agent_reports
     from edge_agent.telemetry import Telemetry, TelemetryQueue
@@ -114,7 +116,7 @@ def create_fleet_link(
         telemetry = Telemetry(
             connection,
             queue,
-            periodic=(lambda: agent_reports(agent())) if agent is not None else dict,
+            periodic=(lambda: agent_reports(agent(), streams())) if agent is not None else dict,
             interval_s=config.telemetry.interval_s,
         )
     enrollment = _enrollment(config)

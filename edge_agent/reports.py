@@ -32,8 +32,9 @@ def offload_report(agent: Agent) -> dict[str, Any] | None:
     return report
 
 
-def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
-    """The periodic telemetry of an agent, by kind: status, decisions, latency."""
+def agent_reports(agent: Agent, streams: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The periodic telemetry of an agent, by kind: status, decisions, latency, and
+    ``streams`` (frames in, out, dropped, skipped; latencies) when it runs any."""
     state = agent.device_state()
     stats = agent.stats.snapshot()
     decisions = [
@@ -60,4 +61,5 @@ def agent_reports(agent: Agent) -> dict[str, dict[str, Any]]:
             "cached_answers": stats["cached_answers"],
         },
         "latency": {"by_answerer": stats["latency"]},
+        **({"streams": {"streams": streams}} if streams else {}),
     }

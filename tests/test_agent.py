@@ -13,7 +13,6 @@ import pytest
 from skimage import data
 
 from cloud_gateway import GatewayConfig, GatewayThread
-from cloud_gateway.repository import EmbeddedBackend, LoadedModel
 from edge_agent.agent import DEFAULT_POLICY, Agent
 from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
 from edge_agent.policy import Action, load_policy
@@ -27,34 +26,12 @@ from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions
 
+from .support.backends import RecordingBackend
 from .support.gateway import GatewayHandle, start_gateway
 from .support.paths import MODELS, PROFILES
 from .test_gateway import direct, metric
 
 RULES = load_policy(DEFAULT_POLICY)
-
-
-class RecordingBackend(EmbeddedBackend):
-    """The embedded backend, keeping what each model received (our own seam)."""
-
-    def __init__(self) -> None:
-        super().__init__(RuntimeOptions(threads=1, warmup=1))
-        self.received: dict[str, list[dict[str, np.ndarray]]] = {}
-        self.lock = threading.Lock()
-
-    def load(self, package: ModelPackage) -> LoadedModel:
-        model = super().load(package)
-        run = model.run
-
-        def recording(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            with self.lock:
-                self.received.setdefault(package.name, []).append(
-                    {k: v.copy() for k, v in feed.items()}
-                )
-            return run(feed)
-
-        model.run = recording
-        return model
 
 
 @pytest.fixture(scope="module")

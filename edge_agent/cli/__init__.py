@@ -23,6 +23,7 @@ from edge_agent.cli import (
     profile_cmd,
     run_cmd,
     service_cmd,
+    stream_cmd,
     update_cmd,
 )
 from edge_agent.cli.common import PROG
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.register(commands)
     run_cmd.register(commands)
     service_cmd.register(commands)
+    stream_cmd.register(commands)
     return parser
 
 

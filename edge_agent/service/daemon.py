@@ -47,6 +47,7 @@ from edge_agent.service.frontend import LocalService
 from edge_agent.service.metrics import ServiceMetrics
 from edge_agent.service.notify import Notifier
 from edge_agent.service.thermal import ThermalController
+from edge_agent.streams import Streams
 from edge_core.errors import ConfigError, EdgeError
 from edge_core.repository import ModelRepository
 
@@ -97,6 +98,7 @@ class Daemon:
         self.agent: Agent
         self.config: AgentConfig
         self.thermal: ThermalController | None = None
+        self.streams: Streams | None = None
         self.power_mode: str | None = None  # the mode in force (None: none applied)
         self.updater: Any = None
         self.link: Any = None
@@ -171,12 +173,20 @@ class Daemon:
             self._thread(self._follow_store, "ota-store")
         if self.connection is not None:
             self.link = create_fleet_link(
-                config, self.connection, agent=lambda: self.agent, updater=self.updater
+                config,
+                self.connection,
+                agent=lambda: self.agent,
+                updater=self.updater,
+                streams=lambda: self.streams.snapshot() if self.streams is not None else {},
             )
             self.link.start()
         if self.thermal is not None:
             self.thermal.start()
+        self.streams = self._build_streams(config)
+        self.service.streams = self.streams
         self._start_apis(config)
+        if self.streams is not None:
+            self.streams.start()
         self.started_s = time.monotonic() - started
         models = ", ".join(self.agent.loaded()) or "no models"
         where = ", ".join(api.address for api in self.apis) or "no local API"
@@ -270,6 +280,8 @@ class Daemon:
         # new requests are answered 503 (connections waiting to be accepted too, rather
         # than reset), those in flight finish; then the listeners close
         self.service.stop_accepting()
+        if self.streams is not None and not self.streams.stop(drain_s):
+            log.warning("a stream's frames were still running after %.1f s", drain_s)
         drained = self.service.drain(drain_s)
         if not drained:
             log.warning("%d requests still running after %.1f s", self.service.inflight, drain_s)
@@ -310,12 +322,40 @@ class Daemon:
             if getattr(loaded, name) != getattr(self.config, name):
                 where = f"[{name}]" if name in RESTART_SECTIONS else name
                 log.warning("%s changed: it takes effect at the next restart", where)
+        previous = self.config
         self.config = config
         # requests already on the old agent finish there; it is closed when none is left
         self.service.retire(old)
+        if config.streams != previous.streams:
+            self._restart_streams(config)
         log.info("reloaded %s", self.config_path or "the embedded defaults")
         self.notifier.reloaded()
         return True
+
+    def _build_streams(self, config: AgentConfig) -> Streams | None:
+        if not config.streams:
+            return None
+        return Streams(
+            config.streams,
+            agent=lambda: self.agent,
+            device_id=config.device_id,
+            connection=self.connection,
+        )
+
+    def _restart_streams(self, config: AgentConfig) -> None:
+        """The streams of a reloaded configuration: the old ones drain, the new ones start
+        (a stream that cannot be built is logged, and the others run)."""
+        if self.streams is not None:
+            self.streams.stop(config.api.drain_s)
+        try:
+            self.streams = self._build_streams(config)
+        except EdgeError as exc:
+            log.error("streams not started: %s", exc)
+            self.streams = None
+        self.service.streams = self.streams
+        if self.streams is not None:
+            self.streams.start()
+        log.info("streams: %s", ", ".join(s.name for s in config.streams) or "none")
 
     # -- the main thread ------------------------------------------------------------------------
 
@@ -384,4 +424,6 @@ class Daemon:
             from edge_agent.reports import offload_report
 
             state["offload"] = offload_report(self.agent)
+        if self.streams is not None:
+            state["streams"] = self.streams.snapshot()
         return state

@@ -52,6 +52,7 @@ class LocalService:
         self._idle = threading.Condition()
         self._users: dict[int, int] = {}  # id(agent) -> requests using it
         self._retired: dict[int, Agent] = {}  # replaced agents, closed when unused
+        self.streams: Any = None  # the daemon's Streams (their events on the HTTP API)
 
     @property
     def agent(self) -> Agent:

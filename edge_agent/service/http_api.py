@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 SERVER = {"name": "edge-agent", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
 _MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?$")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_EVENTS = re.compile(r"^/v2/streams/([A-Za-z0-9][A-Za-z0-9._-]{0,63})/events$")
+HEARTBEAT_S = 15.0  # a comment line this often keeps an idle event stream open
 
 
 class _Deadlines(io.RawIOBase):
@@ -204,6 +206,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, service.metrics.render(), CONTENT_TYPE)
         if path == "/v2/models":
             return self._json(200, {"models": [m["name"] for m in service.repository_index()]})
+        events = _EVENTS.match(path)
+        if events is not None:
+            return self._events(events.group(1))
         match = _MODEL.match(path)
         if match is None or match.group(3) == "/infer":
             return self._error(404, f"no such endpoint: GET {path}")
@@ -216,6 +221,35 @@ class _Handler(BaseHTTPRequestHandler):
         if ready:
             return self._json(200 if service.ready else 503, {"name": name, "ready": True})
         return self._json(200, metadata)
+
+    def _events(self, name: str) -> None:
+        """A stream's results as server-sent events (``data: {...}``), for a local app, until
+        it goes away; a slow reader loses old results (its own bounded queue), never holds
+        up the stream, and a reader that stops reading is cut after ``request_timeout_s``."""
+        streams = self.service.streams
+        broadcaster = streams.events(name) if streams is not None else None
+        if broadcaster is None:
+            return self._error(404, f'no stream {name!r} with sink = "sse" on this device')
+        subscriber = broadcaster.subscribe()
+        if subscriber is None:
+            return self._error(503, f"stream {name!r} has as many listeners as it takes")
+        self.close_connection = True  # the answer ends when the connection does
+        try:
+            self.connection.settimeout(self.settings.request_timeout_s)  # for the writes
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            while self.service.ready:
+                line = subscriber.next(HEARTBEAT_S)
+                self.wfile.write(
+                    b": keep-alive\n\n" if line is None else f"data: {line}\n\n".encode()
+                )
+                self.wfile.flush()
+        except OSError:
+            pass  # the reader went away, or stopped reading
+        finally:
+            subscriber.close()
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]

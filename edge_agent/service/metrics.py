@@ -83,6 +83,8 @@ class _StateCollector(Collector):
             "edge_agent_ota_updates", "Update outcomes reported.", "status", state.get("ota", {})
         )
         yield from _link_metrics(state)
+        if state.get("streams"):
+            yield from _stream_metrics(state["streams"])
 
 
 def _one(
@@ -103,6 +105,29 @@ def _by_label(name: str, documentation: str, label: str, counts: dict[str, int])
     for value, count in counts.items():
         family.add_metric([value], count)
     return family
+
+
+def _stream_metrics(streams: dict[str, Any]) -> Iterator[Metric]:
+    """Per stream: frames by outcome, and the recent end-to-end and stage latencies."""
+    frames = CounterMetricFamily(
+        "edge_agent_stream_frames",
+        "Stream frames by outcome: in (decoded), out (answered), dropped (the newest won), "
+        "skipped (a key frame's result carried over), failed, degraded.",
+        labels=["stream", "outcome"],
+    )
+    latency = GaugeMetricFamily(
+        "edge_agent_stream_latency_ms",
+        "Recent stream latencies (capture to result, and each stage), by quantile.",
+        labels=["stream", "stage", "quantile"],
+    )
+    for name, stream in sorted(streams.items()):
+        for outcome, count in stream["frames"].items():
+            frames.add_metric([name, outcome], count)
+        for stage, summary in stream["latency_ms"].items():
+            for quantile, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
+                latency.add_metric([name, stage, quantile], summary[key])
+    yield frames
+    yield latency
 
 
 def _link_metrics(state: dict[str, Any]) -> Iterator[Metric]:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from edge_agent.config import StreamSettings
 from edge_agent.streams.pipeline import Capture, Stream, StreamStats
 from edge_agent.streams.sinks import Broadcaster, JsonLines, MqttResults, Sink
 from edge_core.errors import ConfigError, EdgeError
+from edge_core.package import ModelPackage
 
 __all__ = ["Stream", "StreamStats", "Streams", "open_capture"]
 
@@ -38,7 +40,13 @@ def open_capture(source: str) -> Capture:
     if not capture.isOpened():
         capture.release()
         raise EdgeError(f"OpenCV cannot open the video source {source!r}")
-    return capture  # type: ignore[no-any-return]
+    return capture
+
+
+def _describe(package: ModelPackage, outputs: dict[str, Any]) -> dict[str, Any]:
+    from edge_agent.results import describe_outputs
+
+    return describe_outputs(package, outputs, top=3)
 
 
 class Streams:
@@ -75,16 +83,14 @@ class Streams:
             def infer(model: str, inputs: Any, **kwargs: Any) -> Any:
                 return agent().infer(model, inputs, **kwargs)
 
-            from edge_agent.results import describe_outputs
-
             try:
                 self.streams[entry.name] = Stream(
                     entry,
                     package,
-                    open_capture=lambda source=entry.source: open_source(source),
+                    open_capture=functools.partial(open_source, entry.source),
                     infer=infer,
                     emit=sink,
-                    describe=lambda package, outputs: describe_outputs(package, outputs, top=3),
+                    describe=_describe,
                 )
             except EdgeError as exc:
                 raise ConfigError(str(exc)) from None

@@ -10,7 +10,9 @@ inferred, frame t+1 is decoded and preprocessed, frame t-1's result written).
                                                           offload, fallback)
 
 Between the capture and the rest there is one slot (:class:`~.rules.LatestSlot`): when
-inference is slower than the camera, old frames are dropped, not queued, and counted.
+inference is slower than the camera, old frames are dropped, not queued, and counted. A
+file read as fast as it decodes (``realtime = false``) waits for the pipeline instead,
+and every frame gets its result.
 After it the queues are short (double buffering: one item waits while the next stage
 works), so a frame that was taken is never dropped, and results come out in order.
 
@@ -182,9 +184,12 @@ class Stream:
             self._slot.close()
             return
         try:
+            # a camera (or a file in real time) cannot wait: the newest frame wins; a file
+            # read as fast as it decodes waits for the pipeline, and loses no frame
+            lossless = self._is_file() and not self.settings.realtime
             for frame in self._frames(capture):
                 self.stats.count("in")
-                if self._slot.put(frame):
+                if self._slot.put(frame, wait=lossless):
                     self.stats.count("dropped")
         except Exception:
             log.exception("stream %s: the capture failed", self.settings.name)

@@ -42,9 +42,13 @@ class LatestSlot(Generic[T]):
         self._cond = threading.Condition()
         self.dropped = 0
 
-    def put(self, item: T) -> bool:
-        """Leave ``item`` for the next :meth:`take`; ``True`` when it replaced an older one."""
+    def put(self, item: T, *, wait: bool = False) -> bool:
+        """Leave ``item`` for the next :meth:`take`; ``True`` when it replaced an older one.
+        With ``wait`` (a file read as fast as it decodes, where every frame counts), wait
+        until the slot is free instead."""
         with self._cond:
+            if wait:
+                self._cond.wait_for(lambda: not self._has or self._closed)
             replaced = self._has
             if replaced:
                 self.dropped += 1
@@ -60,6 +64,7 @@ class LatestSlot(Generic[T]):
             if not self._has:
                 return None
             item, self._item, self._has = self._item, None, False
+            self._cond.notify_all()  # a waiting put may go on
             return item
 
     @property
