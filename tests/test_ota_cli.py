@@ -67,7 +67,7 @@ def test_operator_and_device_commands(tmp_path: Path) -> None:
         "--version", "1", "--file", str(MODELS / "digits-light/1/model.fp32.onnx"), "--group", "nobody",
         check=False,
     )  # fmt: skip
-    assert no_group.returncode == 1 and "group 'nobody' has no key yet" in no_group.stderr
+    assert no_group.returncode == 1 and "group 'nobody' has no key in" in no_group.stderr
 
     run(
         *gateway,
