@@ -62,7 +62,7 @@ docs: venv
 # commit), then the generated figures page, docs/benchmarks/figures.md. One benchmark
 # alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
 # They measure this machine: run them on an idle one.
-BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service gateway faces
+BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway faces
 BENCH_digits-light = -m edge_agent bench --model digits-light
 BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
 BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
@@ -71,6 +71,7 @@ BENCH_offload      = -m edge_agent bench offload --profile raspberry-pi-5
 BENCH_ota          = -m edge_agent bench ota
 BENCH_mqtt         = -m edge_agent bench mqtt
 BENCH_service      = -m edge_agent bench service
+BENCH_stream       = -m edge_agent bench stream
 BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
 BENCH_faces        = tools/eval_faces.py
 

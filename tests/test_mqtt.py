@@ -681,14 +681,18 @@ def test_the_generated_acl_keeps_devices_to_their_own_topics(fleet: Fleet) -> No
             "devices/cam-02/telemetry/status",
             "devices/cam-02/status",
             "devices/cam-02/responses",
+            "devices/cam-02/streams/door/results",
             "fleet/g1/models",
         ):
             reason = intruder.publish(topic, b"forged")
             assert reason.value == 0x87, (topic, reason)
         time.sleep(0.3)
         assert all(m.payload != b"forged" for m in victim.received() + cloud.received())
-        # its own topics are fine
+        # its own topics are fine, its streams' results included, which the cloud reads
         assert not intruder.publish("devices/cam-01/telemetry/status", b"{}").is_failure
+        cloud.subscribe("devices/+/streams/+/results")
+        assert not intruder.publish("devices/cam-01/streams/door/results", b"{}").is_failure
+        wait_for(lambda: cloud.received("devices/cam-01/streams/door/results"), what="results")
     finally:
         for client in (intruder, victim, cloud):
             client.close()

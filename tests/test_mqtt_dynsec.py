@@ -53,9 +53,14 @@ def test_foreign_subscriptions_are_refused_when_they_are_made(secured: Fleet) ->
             assert reason.value == NOT_AUTHORIZED, (topic, reason)
         for topic in ("devices/cam-01/responses", "fleet/g1/models"):  # its own
             assert not intruder.subscribe(topic).is_failure, topic
-        for topic in ("devices/cam-02/telemetry/status", "devices/cam-02/responses"):
+        for topic in (
+            "devices/cam-02/telemetry/status",
+            "devices/cam-02/responses",
+            "devices/cam-02/streams/door/results",
+        ):
             assert intruder.publish(topic, b"forged").value == NOT_AUTHORIZED, topic
-        assert not intruder.publish("devices/cam-01/telemetry/status", b"{}").is_failure
+        for topic in ("devices/cam-01/telemetry/status", "devices/cam-01/streams/door/results"):
+            assert not intruder.publish(topic, b"{}").is_failure, topic
     finally:
         intruder.close()
 

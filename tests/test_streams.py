@@ -172,3 +172,36 @@ def test_every_frame_goes_through_the_agent(tmp_path: Path) -> None:
     snapshot = streams.snapshot()["door"]
     assert snapshot["frames"]["out"] == len(lines)
     assert snapshot["latency_ms"]["end_to_end"]["count"] == len(lines)
+
+
+def test_a_failing_sink_loses_results_not_the_stream_and_a_closed_pipe_stops_it(
+    tmp_path: Path,
+) -> None:
+    video = write_video(tmp_path / "clip.avi", 30)
+    agent = local_agent()
+
+    def full_disk(result: dict[str, Any]) -> None:
+        raise OSError(28, "No space left on device")
+
+    def closed_pipe(result: dict[str, Any]) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    try:
+        streams = [
+            Stream(
+                settings(video, realtime=False),
+                LIGHT,
+                open_capture=lambda: open_capture(str(video)),
+                infer=agent.infer,
+                emit=sink,
+                describe=describe_outputs,
+            )
+            for sink in (full_disk, closed_pipe)
+        ]
+        for stream in streams:
+            run_stream(stream)
+    finally:
+        agent.close()
+    disk, pipe = (stream.stats.snapshot()["frames"] for stream in streams)
+    assert disk["in"] == disk["out"] == disk["unsent"] == 30  # it went on to the end
+    assert pipe["in"] < 30 and pipe["unsent"] == pipe["out"]  # nobody reads: it stopped

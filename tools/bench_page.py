@@ -80,6 +80,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "cloud-gateway bench --chart bench-results/gateway.png",
         "cloud_gateway.bench:format_report",
     ),
+    "stream": Benchmark(
+        "Streams: the pipeline against a sequential loop",
+        "edge-agent bench stream",
+        "edge_agent.bench.stream:format_stream",
+    ),
     "faces": Benchmark("Face detector", "python tools/eval_faces.py", ""),
 }
 

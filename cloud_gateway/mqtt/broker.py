@@ -33,6 +33,7 @@ from edge_core.protocol.mqtt import (
     announcement_topic,
     response_topic,
     status_topic,
+    stream_results_topic,
     telemetry_topic,
 )
 
@@ -81,6 +82,7 @@ def acl_text(registry: DeviceRegistry, gateway_user: str) -> str:
         "# every device: its own topics",
         "pattern write devices/%u/telemetry/#",
         "pattern write devices/%u/status",
+        f"pattern write {stream_results_topic('%u', '+')}",
         "pattern read devices/%u/responses",
         "",
         "# the gateway's bridge",
@@ -90,6 +92,7 @@ def acl_text(registry: DeviceRegistry, gateway_user: str) -> str:
         f"topic readwrite {announcement_topic('+')}",
         "topic read devices/+/telemetry/#",
         "topic read devices/+/status",
+        f"topic read {stream_results_topic('+', '+')}",
     ]
     for device in registry.devices():
         if device.revoked:
@@ -133,6 +136,7 @@ def dynamic_security(
             _rule("subscribeLiteral", shared_requests(gateway_password)),
             _rule("subscribePattern", telemetry_topic("+", "#")),
             _rule("subscribePattern", status_topic("+")),
+            _rule("subscribePattern", stream_results_topic("+", "+")),
             _rule("subscribePattern", announcement_topic("+")),
             _rule("publishClientSend", response_topic("+")),
             _rule("publishClientSend", announcement_topic("+")),
@@ -151,6 +155,7 @@ def dynamic_security(
                 "acls": [
                     _rule("publishClientSend", telemetry_topic(device.id, "#")),
                     _rule("publishClientSend", status_topic(device.id)),
+                    _rule("publishClientSend", stream_results_topic(device.id, "+")),
                     _rule("publishClientSend", REQUEST_FILTER),  # the gateway checks the token
                     _rule("subscribeLiteral", response_topic(device.id)),
                     _rule("subscribeLiteral", announcement_topic(device.group)),

@@ -31,6 +31,7 @@ from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState, Sampled, read_device_state
 from edge_core.errors import (
     DeadlineExceeded,
+    EdgeError,
     InputError,
     ModelNotFoundError,
     OffloadError,
@@ -114,6 +115,18 @@ class Agent:
             ModelNotFoundError, NoVariantError: the device cannot run it.
         """
         return self.models.get(model)
+
+    def warm(self, model: str) -> bool:
+        """Load and warm up ``model`` now, so that no request pays for it, unless the
+        policy keeps it in the cloud. Whether it is loaded (why not is logged)."""
+        if self.rules.rule(model).placement == "cloud":
+            return False
+        try:
+            self.local_model(model)
+        except EdgeError as exc:
+            log.info("%s is not loaded on this device: %s", model, exc)
+            return False
+        return True
 
     def reload(self, model: str, package: ModelPackage | None = None) -> None:
         """Swap in a new version of ``model``: see :meth:`LocalModels.reload`."""

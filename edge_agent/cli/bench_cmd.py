@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from edge_core.report import write_json
 from edge_core.repository import ModelRepository
 from edge_core.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service")
+SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service", "stream")
 
 
 def register(commands: Any) -> None:
@@ -47,6 +48,17 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--starts", type=int, default=5, help="daemon starts per configuration (service)"
     )
+    parser.add_argument(
+        "--models",
+        help="comma-separated models (stream; default: face-detection-short-range,digits-light)",
+    )
+    parser.add_argument("--clip-s", type=float, default=10.0, help="seconds of clip (stream)")
+    parser.add_argument(
+        "--clip", type=Path, help="a video of your own instead of the written clip (stream)"
+    )
+    parser.add_argument(
+        "--key-frames", type=float, default=3.0, help="key-frame threshold, 0..255 (stream)"
+    )
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -64,6 +76,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _mqtt(args)
     if args.suite == "service":
         return _service(args)
+    if args.suite == "stream":
+        return _stream(args)
     return _runtime(args)
 
 
@@ -131,9 +145,23 @@ def _service(args: argparse.Namespace) -> int:
     return _done(args, report, format_service(report))
 
 
-def _runtime(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+def _stream(args: argparse.Namespace) -> int:
+    from edge_agent.bench.stream import StreamBenchSettings, format_stream, run_stream
 
+    settings = StreamBenchSettings(clip_s=args.clip_s, key_frames=args.key_frames, clip=args.clip)
+    if args.models:
+        settings = replace(settings, models=tuple(m.strip() for m in args.models.split(",")))
+    if settings.clip_s <= 0:
+        raise CliError(f"--clip-s must be positive, got {settings.clip_s}")
+    repository = ModelRepository(args.model_dir or default_model_dir())
+    for model in settings.models:
+        repository.get(model)  # a clear error now, not halfway through
+    profile, _ = resolve_profile(args)
+    report = run_stream(profile, repository.root, settings)
+    return _done(args, report, format_stream(report))
+
+
+def _runtime(args: argparse.Namespace) -> int:
     from edge_agent.bench.runtime import BenchSettings, format_report, run_agent_path, run_bench
 
     if not args.model:

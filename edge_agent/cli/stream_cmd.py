@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -80,6 +81,10 @@ def _stream(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
         agent.close()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # its reader went away: nothing more to say there, at exit too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     frames = streams.snapshot()["cli"]["frames"]
     print(f"{PROG}: stream: {json.dumps(frames)}", file=sys.stderr)
     return 0

@@ -138,12 +138,7 @@ class Daemon:
     def _warm(self, agent: Agent, config: AgentConfig) -> None:
         """Load (and warm up) every model that may run here, so no request pays for it."""
         for name in ModelRepository(config.model_dir).names():
-            if agent.rules.rule(name).placement == "cloud":
-                continue
-            try:
-                agent.local_model(name)
-            except EdgeError as exc:
-                log.info("%s is not loaded on this device: %s", name, exc)
+            agent.warm(name)
 
     # -- start and stop -----------------------------------------------------------------------
 

@@ -112,7 +112,8 @@ def _stream_metrics(streams: dict[str, Any]) -> Iterator[Metric]:
     frames = CounterMetricFamily(
         "edge_agent_stream_frames",
         "Stream frames by outcome: in (decoded), out (answered), dropped (the newest won), "
-        "skipped (a key frame's result carried over), failed, degraded.",
+        "skipped (a key frame's result carried over), failed, degraded, unsent (the sink "
+        "failed).",
         labels=["stream", "outcome"],
     )
     latency = GaugeMetricFamily(

@@ -68,6 +68,7 @@ class Streams:
                 its sink needs what is not there (mqtt without ``[mqtt]``).
         """
         self.settings = settings
+        self._agent = agent
         self.streams: dict[str, Stream] = {}
         self.sinks: dict[str, Sink] = {}
         for entry in settings:
@@ -108,6 +109,9 @@ class Streams:
         return MqttResults(connection, device_id, entry.name)
 
     def start(self) -> None:
+        """Load each stream's model (its first frame would pay for it), then start them."""
+        for stream in self.streams.values():
+            self._agent().warm(stream.package.name)
         for name, stream in self.streams.items():
             stream.start()
             log.info("stream %s: %s through %s", name, stream.settings.source, stream.package.name)

@@ -85,7 +85,7 @@ class Infer(Protocol):
 class StreamStats:
     """A stream's counters and latencies, thread-safe; names are from a bounded set."""
 
-    OUTCOMES = ("in", "out", "dropped", "skipped", "failed", "degraded")
+    OUTCOMES = ("in", "out", "dropped", "skipped", "failed", "degraded", "unsent")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -141,6 +141,9 @@ class Stream:
         self._answered: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._last_key: Array | None = None  # the thumbnail of the last frame inferred
+        self._last_outcome: Any = None  # and its result, for the frames skipped after it
+        self._sink_ok = True  # the sink took the last result (else its failures are quiet)
         self.finished = threading.Event()  # the source ended, or the stream was stopped
 
     # -- life -------------------------------------------------------------------------
@@ -225,79 +228,114 @@ class Stream:
         return "://" not in source and not source.startswith("/dev/")
 
     def _prepare_loop(self) -> None:
-        """Key frames, then the manifest's preprocessing."""
-        pre = self.package.preprocessing
-        assert pre is not None
-        last: Array | None = None
         while True:
             frame = self._slot.take(timeout=0.5)
             if frame is None:
                 if self._slot.done:
                     break
                 continue
-            started = self._clock()
-            tensor: Array | None = None
-            if self.settings.key_frames > 0:
-                small = thumbnail(frame.pixels)
-                if key_frame(last, small, self.settings.key_frames).key:
-                    last = small
-                else:
-                    self.stats.count("skipped")
-                    frame.stages["preprocess"] = (self._clock() - started) * 1000
-                    self._prepared.put((frame, None))  # its result: the last one's
-                    continue
-            tensor = image_to_tensor(frame.pixels, pre)
-            frame.stages["preprocess"] = (self._clock() - started) * 1000
-            self._prepared.put((frame, tensor))
+            self._prepared.put((frame, self._prepare(frame)))
         self._prepared.put(_END)
 
     def _infer_loop(self) -> None:
-        pre = self.package.preprocessing
-        assert pre is not None
-        deadline = self.settings.deadline_ms or None
-        last: Any = None
         while (item := self._prepared.get()) is not _END:
             frame, tensor = item
-            started = self._clock()
-            outcome: Any
-            if tensor is None:
-                outcome = last if last is not None else EdgeError("no frame inferred yet")
-            else:
-                try:
-                    outcome = self._infer(
-                        self.package.name,
-                        {pre.input: tensor},
-                        label=self.settings.label,
-                        deadline_ms=deadline,
-                    )
-                    last = outcome
-                except EdgeError as exc:  # refused, or the cloud failed with no stand-in
-                    outcome = exc
-            frame.stages["infer"] = (self._clock() - started) * 1000
-            self._answered.put((frame, outcome, tensor is None))
+            self._answered.put((frame, self._answer(frame, tensor), tensor is None))
         self._answered.put(_END)
 
     def _emit_loop(self) -> None:
         try:
             while (item := self._answered.get()) is not _END:
-                frame, outcome, skipped = item
-                started = self._clock()
-                result = self._result(frame, outcome, skipped)
-                frame.stages["postprocess"] = (self._clock() - started) * 1000
-                end_to_end = (self._clock() - frame.at) * 1000
-                result["latency_ms"] = round(end_to_end, 3)
-                result["stages_ms"] = {k: round(v, 3) for k, v in frame.stages.items()}
-                self.stats.latency.observe("end_to_end", end_to_end)
-                for stage in STAGES:
-                    if stage in frame.stages:
-                        self.stats.latency.observe(stage, frame.stages[stage])
-                self.stats.count("out")
-                try:
-                    self._emit(result)
-                except Exception as exc:  # a sink that fails loses this result, not the stream
-                    log.warning("stream %s: the sink failed: %s", self.settings.name, exc)
+                self._finish(*item)
         finally:
             self.finished.set()
+
+    def run_in_turn(self) -> None:
+        """The same stages one after the other on the calling thread, frame by frame,
+        until the source ends or :meth:`stop`: what a single core does best, and what
+        the benchmark compares the pipeline with."""
+        try:
+            capture = self._open()
+            try:
+                for frame in self._frames(capture):
+                    self.stats.count("in")
+                    tensor = self._prepare(frame)
+                    self._finish(frame, self._answer(frame, tensor), tensor is None)
+            finally:
+                capture.release()
+        finally:
+            self.finished.set()
+
+    # -- one frame, stage by stage ------------------------------------------------------
+
+    def _prepare(self, frame: Frame) -> Array | None:
+        """Key frames, then the manifest's preprocessing; None: a frame skipped (its
+        result is the last key frame's)."""
+        pre = self.package.preprocessing
+        assert pre is not None
+        started = self._clock()
+        tensor: Array | None = None
+        small = thumbnail(frame.pixels) if self.settings.key_frames > 0 else None
+        if small is None or key_frame(self._last_key, small, self.settings.key_frames).key:
+            self._last_key = small
+            tensor = image_to_tensor(frame.pixels, pre)
+        else:
+            self.stats.count("skipped")
+        frame.stages["preprocess"] = (self._clock() - started) * 1000
+        return tensor
+
+    def _answer(self, frame: Frame, tensor: Array | None) -> Any:
+        """Through the agent (the policy, the offload, the fallback): its result, or the
+        error that stands for it; a skipped frame's is the last inferred frame's."""
+        pre = self.package.preprocessing
+        assert pre is not None
+        started = self._clock()
+        outcome: Any
+        if tensor is None:
+            outcome = self._last_outcome
+            if outcome is None:
+                outcome = EdgeError("no frame inferred yet")
+        else:
+            try:
+                outcome = self._infer(
+                    self.package.name,
+                    {pre.input: tensor},
+                    label=self.settings.label,
+                    deadline_ms=self.settings.deadline_ms or None,
+                )
+                self._last_outcome = outcome
+            except EdgeError as exc:  # refused, or the cloud failed with no stand-in
+                outcome = exc
+        frame.stages["infer"] = (self._clock() - started) * 1000
+        return outcome
+
+    def _finish(self, frame: Frame, outcome: Any, skipped: bool) -> None:
+        """Describe the answer, time the frame, count it, and give it to the sink."""
+        started = self._clock()
+        result = self._result(frame, outcome, skipped)
+        frame.stages["postprocess"] = (self._clock() - started) * 1000
+        end_to_end = (self._clock() - frame.at) * 1000
+        result["latency_ms"] = round(end_to_end, 3)
+        result["stages_ms"] = {k: round(v, 3) for k, v in frame.stages.items()}
+        self.stats.latency.observe("end_to_end", end_to_end)
+        for stage in STAGES:
+            if stage in frame.stages:
+                self.stats.latency.observe(stage, frame.stages[stage])
+        self.stats.count("out")
+        try:
+            self._emit(result)
+        except BrokenPipeError:  # nobody reads any more (`edge-agent stream | head`)
+            if not self._stop.is_set():
+                log.info("stream %s: its reader went away; stopping", self.settings.name)
+                self.request_stop()
+            self.stats.count("unsent")
+        except Exception as exc:  # a sink that fails loses this result, not the stream
+            self.stats.count("unsent")
+            level = logging.WARNING if self._sink_ok else logging.DEBUG  # said once a spell
+            log.log(level, "stream %s: the sink failed: %s", self.settings.name, exc)
+            self._sink_ok = False
+        else:
+            self._sink_ok = True
 
     def _result(self, frame: Frame, outcome: Any, skipped: bool) -> dict[str, Any]:
         result: dict[str, Any] = {

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Broadcaster", "JsonLines", "MqttResults", "Sink", "results_topic"]
+from edge_core.protocol.mqtt import stream_results_topic
+
+__all__ = ["Broadcaster", "JsonLines", "MqttResults", "Sink"]
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -43,17 +45,13 @@ class JsonLines:
             self._out.close()
 
 
-def results_topic(device: str, stream: str) -> str:
-    return f"devices/{device}/streams/{stream}/results"
-
-
 class MqttResults:
     """Each result published at QoS 0 on ``devices/<id>/streams/<name>/results``; while
     the link is down a result is dropped and counted (paho keeps no QoS 0 message)."""
 
     def __init__(self, connection: Any, device: str, stream: str) -> None:
         self.connection = connection
-        self.topic = results_topic(device, stream)
+        self.topic = stream_results_topic(device, stream)
         self.dropped = 0
 
     def __call__(self, result: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ Topics (a device sees only its own, by the broker's ACL)::
     devices/<device>/responses            the answers for one device
     devices/<device>/telemetry/<kind>     telemetry (status, decisions, latency, ota)
     devices/<device>/status               retained "online" / last will "offline"
+    devices/<device>/streams/<name>/results   a stream's results (QoS 0)
     fleet/<group>/models                  retained rollout announcements of a group
 
 A request is the REST body with binary tensors (a JSON header, then the
@@ -46,6 +47,7 @@ __all__ = [
     "request_topic",
     "response_topic",
     "status_topic",
+    "stream_results_topic",
     "telemetry_topic",
 ]
 
@@ -69,6 +71,10 @@ def telemetry_topic(device: str, kind: str) -> str:
 
 def status_topic(device: str) -> str:
     return f"devices/{device}/status"
+
+
+def stream_results_topic(device: str, stream: str) -> str:
+    return f"devices/{device}/streams/{stream}/results"
 
 
 def announcement_topic(group: str) -> str:
