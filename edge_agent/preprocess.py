@@ -179,13 +179,15 @@ def _known_layout(item: Array, pre: ImagePreprocessing) -> ImageView | None:
         if item.ndim != 3 or item.shape[2] != channels:
             return None
         hwc = item
-    values = hwc.astype(np.float32)
-    if pre.std is not None:
-        values = values * np.asarray(pre.std, np.float32)
-    if pre.mean is not None:
-        values = values + np.asarray(pre.mean, np.float32)
-    low, high = pre.value_range
-    pixels = np.clip(np.rint((values - low) * (255.0 / (high - low))), 0, 255).astype(np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):  # any values a caller sends: clipped
+        values = hwc.astype(np.float32)
+        if pre.std is not None:
+            values = values * np.asarray(pre.std, np.float32)
+        if pre.mean is not None:
+            values = values + np.asarray(pre.mean, np.float32)
+        low, high = pre.value_range
+        scaled = np.nan_to_num((values - low) * (255.0 / (high - low)), nan=0.0)
+        pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
     if channels == 1:
         rgb = np.repeat(pixels, 3, axis=2)
     elif pre.color == "bgr":

@@ -20,7 +20,7 @@ from edge_agent.preprocess import image_to_tensor, tensor_to_image
 from edge_agent.privacy import FaceDetector, PrivacyInspector
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
-from edge_core.errors import OffloadError, PolicyRejected, PrivacyRefusal
+from edge_core.errors import InputError, OffloadError, PolicyRejected, PrivacyRefusal
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
@@ -176,6 +176,25 @@ def test_a_low_confidence_input_is_escalated_to_the_heavy_model(
     agent.close()
 
 
+def test_integer_pixels_leave_in_the_datatype_the_cloud_model_takes(
+    served: GatewayHandle, detector: FaceDetector
+) -> None:
+    """The held-out digits are uint8; the models take FP32. The runtime casts them on the
+    device; what is offloaded is cast the same way before it leaves (the gateway, as
+    Triton, refuses a datatype that is not the model's)."""
+    agent = make_agent(served, served.device_token, detector)
+    low, _ = low_and_high_confidence()
+    assert np.array_equal(low, low.astype(np.uint8))
+    try:
+        result = agent.infer("digits-light", {"pixels": low.astype(np.uint8)})
+        with pytest.raises(InputError, match="cannot be converted safely"):  # and not sent
+            agent.infer("digits-heavy", {"pixels": np.full((1, 64), 1e40)})
+    finally:
+        agent.close()
+    assert result.escalated and result.where == "cloud" and not result.degraded
+    assert np.allclose(result.outputs["probabilities"], direct("digits-heavy", low), atol=1e-6)
+
+
 def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker(
     tmp_path: Path, detector: FaceDetector
 ) -> None:
@@ -324,7 +343,6 @@ def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceDetecto
 
 
 def test_an_unknown_label_is_an_input_error(served: GatewayHandle) -> None:
-    from edge_core.errors import InputError
 
     agent = make_agent(served, served.device_token, None)
     with pytest.raises(

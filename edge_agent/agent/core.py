@@ -43,7 +43,7 @@ from edge_core.errors import (
 from edge_core.names import check_model_name
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
-from edge_core.tensors import datatype_of
+from edge_core.tensors import datatype_of, validate_inputs
 
 __all__ = ["DEFAULT_POLICY", "Agent"]
 
@@ -370,6 +370,11 @@ class Agent:
                 raise PrivacyRefusal(
                     f"redaction left {', '.join(sorted(after.kinds))} identifiable; not sent"
                 )
+        target = self.models.package(decision.model)
+        if target is not None and set(arrays) == {spec.name for spec in target.inputs}:
+            # in the datatypes the gateway checks, cast as the runtime would cast them here
+            # (a uint8 picture for an FP32 input); other names are the gateway's to judge
+            arrays = validate_inputs(target.inputs, arrays)
         outgoing = InferRequest(
             inputs=arrays,
             datatypes={name: datatype_of(a.dtype) for name, a in arrays.items()},
