@@ -165,7 +165,7 @@ class BlazeFace:
         height, width = rgb.shape[:2]
         n = self.tiles
         tile_h, tile_w = int(height * 1.5 / (n + 0.5)), int(width * 1.5 / (n + 0.5))
-        found = []
+        found: list[Face] = []
         for row in range(n):
             for col in range(n):
                 y0 = round(row * (height - tile_h) / max(n - 1, 1))
