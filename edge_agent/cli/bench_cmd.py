@@ -12,7 +12,7 @@ from edge_core.report import write_json
 from edge_core.repository import ModelRepository
 from edge_core.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service")
+SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service", "privacy")
 
 
 def register(commands: Any) -> None:
@@ -47,6 +47,9 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--starts", type=int, default=5, help="daemon starts per configuration (service)"
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="privacy: 4 LFW faces, 3 sizes, a 1 s video"
+    )
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -64,6 +67,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _mqtt(args)
     if args.suite == "service":
         return _service(args)
+    if args.suite == "privacy":
+        return _privacy(args)
     return _runtime(args)
 
 
@@ -129,6 +134,26 @@ def _service(args: argparse.Namespace) -> int:
     )
     report = run_service(args.model_dir or default_model_dir(), settings)
     return _done(args, report, format_service(report))
+
+
+def _privacy(args: argparse.Namespace) -> int:
+    from edge_agent.bench.faces import format_privacy, run_faces
+    from edge_agent.bench.privacy_video import run_video
+    from edge_agent.privacy.faces import open_detectors
+    from edge_core.report import machine_info
+    from edge_core.runtime import RuntimeOptions
+
+    repository = ModelRepository(args.model_dir or default_model_dir())
+    if args.quick:
+        report = run_faces(repository, lfw=4, sizes=(32, 64, 192))
+    else:
+        report = run_faces(repository)
+    detector, checker = open_detectors(
+        repository, options=RuntimeOptions(allow_spinning=False, warmup=2)
+    )
+    report["video"] = run_video(detector, checker, seconds=1.0 if args.quick else 8.0)
+    report["machine"] = machine_info()
+    return _done(args, report, format_privacy(report))
 
 
 def _runtime(args: argparse.Namespace) -> int:
