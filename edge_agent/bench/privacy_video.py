@@ -5,8 +5,8 @@ the cameraman's heads and LFW faces, 40 to 120 px) drift and bounce over
 scikit-image photographs, one background per second. The clip is redacted as
 ``edge-agent redact`` does it (boxes carried over two frames each way), once
 with the stronger check of every frame and once without; then every written
-frame is read back, and a frame counts as leaking when a face in it is not
-fully covered by what was hidden, or the checker finds it there.
+frame is read back, and a frame counts as leaking when less than 95% of a
+face's box was hidden, or the checker finds the face there.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ WIDTH, HEIGHT, FPS = 640, 480, 25
 def write_clip(
     path: Path, *, seconds: float = 4.0, faces: int = 3, seed: int = 0
 ) -> list[list[Face]]:
-    """Write the clip to ``path`` (MPEG-4); where each face is in each frame."""
+    """Write the clip to ``path`` (MPEG-4); where each face is in each frame. Each face
+    moves in a lane of its own (a column of the frame): none hides another."""
     import cv2
 
     rng = np.random.default_rng(seed)
@@ -43,6 +44,7 @@ def write_clip(
         if name in ("coffee", "rocket", "chelsea", "brick", "stereo_motorcycle")
     ]
     movers = []
+    lane = WIDTH // faces
     for index in range(faces):
         crop = crops[index * 3 % len(crops)]
         size = int(rng.integers(40, 121))
@@ -54,17 +56,19 @@ def write_clip(
             interpolation=cv2.INTER_AREA,
         )
         box = np.array([x0, y0, x1, y1], np.float64) * scale
-        start = rng.uniform([0, 0], [WIDTH - pixels.shape[1], HEIGHT - pixels.shape[0]])
-        movers.append((pixels, box, start, rng.uniform(-6, 6, size=2)))
+        room = (max(lane - pixels.shape[1], 1), HEIGHT - pixels.shape[0])
+        start = rng.uniform([0, 0], room)
+        movers.append((pixels, box, index * lane, room, start, rng.uniform(-6, 6, size=2)))
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), FPS, (WIDTH, HEIGHT))
     truth: list[list[Face]] = []
     try:
         for frame_index in range(round(seconds * FPS)):
             frame = backgrounds[frame_index // FPS % len(backgrounds)].copy()
             boxes = []
-            for pixels, box, start, velocity in movers:
+            for pixels, box, left, room, start, velocity in movers:
                 h, w = pixels.shape[:2]
-                x, y = _bounce(start + velocity * frame_index, (WIDTH - w, HEIGHT - h))
+                x, y = _bounce(start + velocity * frame_index, room)
+                x += left
                 frame[y : y + h, x : x + w] = pixels
                 boxes.append(Face(box[0] + x, box[1] + y, box[2] + x, box[3] + y, 1.0))
             truth.append(boxes)
@@ -84,8 +88,12 @@ def _bounce(position: Array, limits: tuple[int, int]) -> tuple[int, int]:
     return out[0], out[1]
 
 
+COVERED = 0.95  # a face with less of its box hidden is visible
+
+
 def _covered(face: Face, hidden: list[Face]) -> bool:
-    """Whether the union of the ``hidden`` areas covers all of ``face``'s box."""
+    """Whether the union of the ``hidden`` areas covers :data:`COVERED` of ``face``'s
+    box (a row of chin at the edge of a hidden square shows no one)."""
     x0, y0 = int(face.x0), int(face.y0)
     w, h = max(1, int(np.ceil(face.x1)) - x0), max(1, int(np.ceil(face.y1)) - y0)
     mask = np.zeros((h, w), bool)
@@ -94,7 +102,7 @@ def _covered(face: Face, hidden: list[Face]) -> bool:
         ax1, ay1 = min(int(np.ceil(area.x1)) - x0, w), min(int(np.ceil(area.y1)) - y0, h)
         if ax1 > ax0 and ay1 > ay0:
             mask[ay0:ay1, ax0:ax1] = True
-    return bool(mask.all())
+    return float(mask.mean()) >= COVERED
 
 
 def _leaks(
