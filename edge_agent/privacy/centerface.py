@@ -11,7 +11,9 @@ the face's height and width (in cells), the centre's offset inside the cell
 the heatmap (3x3) and reach the threshold, each with its size and offset, then
 non-maximum suppression. :class:`CenterFace` scales the picture (``scale``;
 1.0 keeps every pixel: small faces need them), pads it to multiples of 32 and
-maps boxes back to the picture's pixels. A picture larger than
+maps boxes back to the picture's pixels. A second look (:class:`SecondLook`)
+runs again on the boxes it is unsure of, enlarged, at most :data:`MAX_LOOKS` of
+them a picture. A picture larger than
 :data:`MAX_PIXELS` at that scale is searched whole at a reduced size (for the
 large faces) and in overlapping tiles at full size (for the small ones), so
 memory stays bounded whatever its size.
@@ -37,6 +39,7 @@ STRIDE = 4  # input pixels per heatmap cell
 MULTIPLE = 32  # the network halves its input five times
 MAX_PIXELS = 1280 * 960  # the model's input at most (more: tiles)
 TILE, OVERLAP = 960, 240  # tiles of a larger picture; a face up to OVERLAP px is whole in one
+MAX_LOOKS, LOOK_BATCH = 64, 16  # second looks a picture at most (the surest), crops a run
 
 
 def nms_boxes(boxes: Array, threshold: float = 0.3) -> Array:
@@ -151,10 +154,17 @@ class CenterFace:
             boxes = self._boxes(rgb, self.scale, self.lowest)
         else:
             boxes = self._large(rgb)
-        unsure = boxes[:, 4] < self.threshold
-        if self.second_look is not None and unsure.any():
-            confirmed = self._look_again(rgb, boxes[unsure], self.second_look)
-            boxes = np.concatenate([boxes[~unsure], boxes[unsure][confirmed]])
+        sure = boxes[:, 4] >= self.threshold
+        unsure = np.flatnonzero(~sure)
+        if self.second_look is not None and unsure.size:
+            unsure = unsure[np.argsort(-boxes[unsure, 4], kind="stable")][:MAX_LOOKS]
+            confirmed = np.concatenate(
+                [
+                    self._look_again(rgb, boxes[unsure[i : i + LOOK_BATCH]], self.second_look)
+                    for i in range(0, unsure.size, LOOK_BATCH)
+                ]
+            )
+            boxes = np.concatenate([boxes[sure], boxes[unsure][confirmed]])
         return [Face(*map(float, row)) for row in boxes]
 
     def _boxes(self, rgb: Array, scale: float, threshold: float) -> Array:
