@@ -201,3 +201,24 @@ def test_the_configuration_and_the_profile_choose_the_detector(
     path.write_text('[privacy]\ndetector = "haar"\n')
     with pytest.raises(ConfigError, match=r"privacy\.detector"):
         load_agent_config(path)
+
+
+def test_the_exit_guard_checks_a_redacted_request_with_the_stronger_eye(
+    detector: FaceFinder, checker: FaceFinder, fetched: ModelRepository
+) -> None:
+    """A picture whose face only the checker sees: the detector would let it pass as
+    redacted; the guard does not."""
+    from edge_agent.offload import ExitGuard
+    from edge_agent.policy import PolicyRules
+    from edge_core.errors import PrivacyRefusal
+    from edge_core.protocol.types import InferRequest
+
+    class Blind:
+        def detect(self, rgb: np.ndarray) -> list[Face]:
+            return []
+
+    guard = ExitGuard(PrivacyInspector(Blind(), checker=checker), PolicyRules())
+    request = InferRequest(inputs={"x": data.astronaut()}, datatypes={}, model_name="m")
+    with pytest.raises(PrivacyRefusal, match="still shows faces"):
+        guard.check(request, label="personal", redacted=True)
+    guard.check(request, label=None, redacted=False)  # the blind detector: public, free
