@@ -73,7 +73,7 @@ BENCH_mqtt         = -m edge_agent bench mqtt
 BENCH_service      = -m edge_agent bench service
 BENCH_stream       = -m edge_agent bench stream
 BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
-BENCH_faces        = tools/eval_faces.py
+BENCH_faces        = -m edge_agent bench privacy
 
 bench: venv broker fetch-models
 	@set -e; for name in $(BENCHES); do $(MAKE) --no-print-directory bench-$$name; done

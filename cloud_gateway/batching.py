@@ -173,6 +173,10 @@ class DynamicBatcher:
 
     async def _loop(self) -> None:
         while True:
+            # a slot only once there is work: an idle model holding one of the slots
+            # that all models share would starve the others (more models than slots)
+            if not await self._work():
+                return
             await self._slots.acquire()
             batch = await self._next_batch()
             if batch is None:
@@ -181,6 +185,17 @@ class DynamicBatcher:
             task = asyncio.get_running_loop().create_task(self._execute(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _work(self) -> bool:
+        """Wait until a request is queued; ``False`` when closed with nothing queued."""
+        while True:
+            self._queue = [item for item in self._queue if not item.future.done()]
+            if self._queue:
+                return True
+            if self._closed:
+                return False
+            self._wakeup.clear()
+            await self._wakeup.wait()
 
     async def _next_batch(self) -> list[_Item] | None:
         while True:

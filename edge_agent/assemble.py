@@ -15,6 +15,7 @@ from typing import Any
 from edge_agent import profiles
 from edge_agent.agent import DEFAULT_POLICY, Agent, LayeredSource, ModelSource, OtaSource
 from edge_agent.config import AgentConfig
+from edge_agent.policy.rules import PolicyRules
 from edge_agent.privacy import PrivacyInspector
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
@@ -27,6 +28,7 @@ __all__ = [
     "create_agent",
     "create_connection",
     "create_fleet_link",
+    "create_inspector",
     "create_updater",
     "resolve_profile",
 ]
@@ -124,6 +126,48 @@ def create_fleet_link(
     return FleetLink(connection, telemetry=telemetry, updater=updater, group=group)
 
 
+def create_inspector(
+    config: AgentConfig, profile: DeviceProfile, repository: ModelRepository, rules: PolicyRules
+) -> PrivacyInspector:
+    """The privacy inspector: the face detector that ``[privacy]`` (or else the
+    profile) names, the stronger checker, and the policy's redaction. Without the
+    detector's model, pictures cannot be searched (the exit guard then refuses
+    them): a warning says so.
+
+    Raises:
+        ConfigError: the settings make no valid detector.
+    """
+    from edge_agent.privacy import Redaction
+
+    redaction = Redaction(rules.redaction_mode, rules.mask_scale)
+    settings = config.privacy
+    if not settings.face_detector:
+        return PrivacyInspector(None, redaction=redaction)
+    from edge_agent.privacy.faces import CHECK, open_detectors, spec_for
+
+    preferred = profile.privacy
+    try:
+        spec = spec_for(
+            settings.detector or preferred.detector,
+            threshold=settings.threshold or preferred.threshold,
+            scale=settings.scale or preferred.scale,
+        )
+        check = replace(CHECK, threshold=settings.check_threshold or CHECK.threshold)
+    except ValueError as exc:
+        raise ConfigError(str(exc), path=config.source, field="privacy") from None
+    options = replace(profile.runtime, allow_spinning=False, warmup=1)
+    try:
+        detector, checker = open_detectors(repository, spec, check, options)
+    except EdgeError as exc:
+        log.warning(
+            "no face detector (%s): pictures cannot be searched for faces "
+            "(tools/fetch_models.py fetches the models)",
+            exc,
+        )
+        return PrivacyInspector(None, redaction=redaction)
+    return PrivacyInspector(detector, checker=checker, redaction=redaction)
+
+
 def create_agent(
     config: AgentConfig,
     *,
@@ -151,15 +195,7 @@ def create_agent(
         store = OtaStore(config.ota.state_dir / "ota")
         source = LayeredSource([OtaSource(store, enrollment.group, enrollment.group_key), bundled])
     rules = load_policy(config.policy or DEFAULT_POLICY, device=profile.offload)
-    detector = None
-    if config.face_detector:
-        from edge_agent.privacy.faces import FaceDetector
-
-        try:
-            detector = FaceDetector(bundled)
-        except EdgeError as exc:
-            log.warning("no face detector (%s): pictures cannot be searched for faces", exc)
-    inspector = PrivacyInspector(detector)
+    inspector = create_inspector(config, profile, bundled, rules)
     offload = None
     online: Callable[[], bool] = _always
     if config.gateway is not None:

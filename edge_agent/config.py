@@ -32,7 +32,12 @@ the sample models, local only)::
     cooldown_s = 5.0
 
     [privacy]
-    face_detector = true            # search pictures for faces (needs the BlazeFace package)
+    face_detector = true            # search pictures for faces (needs the detector's package)
+    detector = "centerface"         # centerface | blazeface | blazeface+centerface
+                                    # (default: the profile's [privacy] detector, else centerface)
+    threshold = 0.5                 # the lowest score kept (default: the detector's measured one)
+    scale = 1.0                     # CenterFace's input scale (default: the profile's, else 1)
+    check_threshold = 0.2           # the stronger eye that redacted pictures must pass
 
     [ota]                           # over-the-air updates; absent: none
     bundle = "enrollment.json"      # from `cloud-gateway device add` (mode 0600)
@@ -124,6 +129,7 @@ __all__ = [
     "GatewaySettings",
     "LoggingSettings",
     "OtaSettings",
+    "PrivacySettings",
     "StreamSettings",
     "TelemetrySettings",
     "ThermalSettings",
@@ -225,6 +231,18 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class PrivacySettings:
+    """The face detector (``None``: the device profile's choice, else the measured
+    default of :mod:`edge_agent.privacy.faces`)."""
+
+    face_detector: bool = True
+    detector: str | None = None
+    threshold: float | None = None
+    scale: float | None = None
+    check_threshold: float | None = None
+
+
+@dataclass(frozen=True)
 class StreamSettings:
     """One ``[[streams]]`` table: a camera or video through the agent."""
 
@@ -257,7 +275,7 @@ class AgentConfig:
     cache_entries: int = 256
     gateway: GatewaySettings | None = None
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
-    face_detector: bool = True
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
     ota: OtaSettings | None = None
     state_dir: Path = STATE_DIR
     mqtt: MqttSettings | None = None
@@ -319,7 +337,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         cache_entries=fields.integer("cache_entries", defaults.cache_entries, minimum=0),
         gateway=_gateway(fields, resolve),
         breaker=_breaker(fields.table("breaker", None)),
-        face_detector=_privacy(fields.table("privacy", None)),
+        privacy=_privacy(fields.table("privacy", None)),
         ota=_ota(fields, resolve, state_dir),
         state_dir=state_dir,
         mqtt=mqtt,
@@ -368,10 +386,24 @@ def _breaker(b: Fields) -> BreakerSettings:
     return breaker
 
 
-def _privacy(p: Fields) -> bool:
-    face_detector: bool = p.boolean("face_detector", AgentConfig().face_detector)
+# the detectors edge_agent.privacy.faces knows (the configuration imports no feature)
+DETECTORS = ("centerface", "blazeface", "blazeface+centerface")
+
+
+def _privacy(p: Fields) -> PrivacySettings:
+    def score(key: str) -> float | None:
+        value: float | None = p.number(key, None, minimum=0.01, maximum=0.99)
+        return value
+
+    privacy = PrivacySettings(
+        face_detector=p.boolean("face_detector", PrivacySettings.face_detector),
+        detector=p.string("detector", None, choices=list(DETECTORS)),
+        threshold=score("threshold"),
+        scale=p.number("scale", None, minimum=0.25, maximum=2.0),
+        check_threshold=score("check_threshold"),
+    )
     p.done()
-    return face_detector
+    return privacy
 
 
 def _ota(fields: Fields, resolve: Callable[[str], Path], state_dir: Path) -> OtaSettings | None:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from edge_agent.privacy.faces import FaceFinder, open_detectors
 from edge_agent.profiles import ProfileStore
 from edge_core.repository import ModelRepository
 
@@ -28,10 +29,21 @@ def profiles() -> ProfileStore:
 @pytest.fixture(scope="session")
 def fetched(repository: ModelRepository) -> ModelRepository:
     """The repository with the third-party models fetched into it (once, then cached)."""
-    wanted = ("face-detection-short-range", "face-detection-full-range", "ppocr-det")
+    wanted = (
+        "face-detection-short-range",
+        "face-detection-full-range",
+        "face-detection-centerface",
+        "ppocr-det",
+    )
     if any(not repository.versions(name) for name in wanted):
         subprocess.run([sys.executable, str(ROOT / "tools/fetch_models.py")], check=True)
     return repository
+
+
+@pytest.fixture(scope="session")
+def face_detectors(fetched: ModelRepository) -> tuple[FaceFinder, FaceFinder]:
+    """The agent's face detector and its stronger checker (CenterFace, one session)."""
+    return open_detectors(fetched)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from edge_agent.agent import DEFAULT_POLICY, Agent
 from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
 from edge_agent.policy import Action, load_policy
 from edge_agent.preprocess import image_to_tensor, tensor_to_image
-from edge_agent.privacy import FaceDetector, PrivacyInspector
+from edge_agent.privacy import FaceFinder, PrivacyInspector
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import InputError, OffloadError, PolicyRejected, PrivacyRefusal
@@ -35,8 +35,8 @@ RULES = load_policy(DEFAULT_POLICY)
 
 
 @pytest.fixture(scope="module")
-def detector(fetched: ModelRepository) -> FaceDetector:
-    return FaceDetector(fetched)
+def detector(face_detectors: tuple[FaceFinder, FaceFinder]) -> FaceFinder:
+    return face_detectors[0]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +53,13 @@ def served(tmp_path_factory: pytest.TempPathFactory, fetched: ModelRepository): 
 def make_agent(
     handle_or_address: Any,
     token: str,
-    detector: FaceDetector | None,
+    detector: FaceFinder | None,
     *,
     breaker: CircuitBreaker | None = None,
+    checker: FaceFinder | None = None,
 ) -> Agent:
     repository = ModelRepository(MODELS)
-    inspector = PrivacyInspector(detector)
+    inspector = PrivacyInspector(detector, checker=checker)
     address = (
         handle_or_address if isinstance(handle_or_address, str) else handle_or_address.grpc_url
     )
@@ -89,7 +90,7 @@ def picture(name: str, fetched: ModelRepository) -> dict[str, np.ndarray]:
 
 
 def test_a_sensitive_image_never_reaches_the_gateway(
-    served: GatewayHandle, fetched: ModelRepository, detector: FaceDetector
+    served: GatewayHandle, fetched: ModelRepository, detector: FaceFinder
 ) -> None:
     agent = make_agent(served, served.device_token, detector)
     before = metric(served, "gateway_requests_total", model="ppocr-det")
@@ -123,7 +124,7 @@ def test_a_sensitive_image_never_reaches_the_gateway(
 
 
 def test_what_the_gateway_receives_of_a_redacted_image_shows_no_face(
-    served: GatewayHandle, fetched: ModelRepository, detector: FaceDetector
+    served: GatewayHandle, fetched: ModelRepository, detector: FaceFinder
 ) -> None:
     agent = make_agent(served, served.device_token, detector)
     inputs = picture("astronaut", fetched)
@@ -148,6 +149,33 @@ def test_what_the_gateway_receives_of_a_redacted_image_shows_no_face(
     agent.close()
 
 
+def test_a_personal_picture_with_a_small_face_arrives_at_the_gateway_without_it(
+    served: GatewayHandle, fetched: ModelRepository, face_detectors: tuple[FaceFinder, FaceFinder]
+) -> None:
+    """A 40 px face (the astronaut's head) in a 640x480 photograph: found, hidden, and
+    what the gateway's model receives shows no face to the stronger check."""
+    detector, checker = face_detectors
+    pre = fetched.get("ppocr-det").preprocessing
+    assert pre is not None
+    scene = cv2.resize(data.coffee(), (640, 480))
+    head = data.astronaut()[20:230, 130:320]  # the face is 120 of its 210 px
+    small = cv2.resize(head, (head.shape[1] // 3, head.shape[0] // 3), interpolation=cv2.INTER_AREA)
+    y, x = 300, 420
+    scene[y : y + small.shape[0], x : x + small.shape[1]] = small
+    agent = make_agent(served, served.device_token, detector, checker=checker)
+    inputs = {"x": image_to_tensor(cv2.cvtColor(scene, cv2.COLOR_RGB2BGR), pre)}
+    result = agent.infer("ppocr-det", inputs, label="personal")
+    assert result.decision.action == Action.OFFLOAD_REDACTED and result.where == "cloud"
+    assert result.findings is not None and result.findings.face_count == 1
+    received = served.backend.received["ppocr-det"][-1]["x"]  # type: ignore[attr-defined]
+    view = tensor_to_image(received[0], pre)  # at the gateway, rebuilt into a picture
+    assert view is not None and view.rgb.shape == (480, 640, 3)
+    assert checker.detect(view.rgb) == []
+    where = view.rgb[y : y + small.shape[0], x : x + small.shape[1]].astype(int)
+    assert np.abs(where - small).mean() > 20  # the head is hidden, not only its eyes
+    agent.close()
+
+
 def low_and_high_confidence() -> tuple[np.ndarray, np.ndarray]:
     from edge_core.runtime import open_variant
 
@@ -162,7 +190,7 @@ def low_and_high_confidence() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_a_low_confidence_input_is_escalated_to_the_heavy_model(
-    served: GatewayHandle, detector: FaceDetector
+    served: GatewayHandle, detector: FaceFinder
 ) -> None:
     agent = make_agent(served, served.device_token, detector)
     low, high = low_and_high_confidence()
@@ -177,7 +205,7 @@ def test_a_low_confidence_input_is_escalated_to_the_heavy_model(
 
 
 def test_integer_pixels_leave_in_the_datatype_the_cloud_model_takes(
-    served: GatewayHandle, detector: FaceDetector
+    served: GatewayHandle, detector: FaceFinder
 ) -> None:
     """The held-out digits are uint8; the models take FP32. The runtime casts them on the
     device; what is offloaded is cast the same way before it leaves (the gateway, as
@@ -196,7 +224,7 @@ def test_integer_pixels_leave_in_the_datatype_the_cloud_model_takes(
 
 
 def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker(
-    tmp_path: Path, detector: FaceDetector
+    tmp_path: Path, detector: FaceFinder
 ) -> None:
     handle = start_gateway(tmp_path, MODELS, poll_interval_s=0.0)
     ports = {"http_port": handle.gateway.http_port, "grpc_port": handle.gateway.grpc_port}
@@ -254,7 +282,7 @@ def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker
 
 
 def test_fallback_tiers_cache_then_error(
-    tmp_path: Path, fetched: ModelRepository, detector: FaceDetector
+    tmp_path: Path, fetched: ModelRepository, detector: FaceFinder
 ) -> None:
     handle = start_gateway(tmp_path, MODELS, poll_interval_s=0.0)
     agent = make_agent(handle, handle.device_token, detector)
@@ -324,7 +352,7 @@ class SilentServer:
             connection.close()
 
 
-def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceDetector) -> None:
+def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceFinder) -> None:
     server = SilentServer()
     agent = make_agent(f"127.0.0.1:{server.port}", "cam-01.x", detector)
     try:

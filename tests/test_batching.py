@@ -116,6 +116,26 @@ def test_concurrent_requests_share_one_batch() -> None:
         assert y.tolist() == [[2 * i, 2 * i]]
 
 
+def test_idle_models_leave_the_shared_slots_to_busy_ones() -> None:
+    """More models than shared slots: the idle ones must not hold them all."""
+    models = [FakeModel() for _ in range(4)]
+
+    async def main() -> np.ndarray:
+        slots = asyncio.Semaphore(2)
+        with ThreadPoolExecutor(1) as pool:
+            batchers = [DynamicBatcher(m, CONFIG, pool, slots=slots) for m in models]
+            await asyncio.sleep(0.01)  # every batcher's loop is waiting for work
+            result = await asyncio.wait_for(
+                batchers[-1].submit({"x": np.ones((1, 2), np.float32)}), timeout=5
+            )
+            for batcher in batchers:
+                await batcher.close()
+            return result["y"]
+
+    assert run(main()).tolist() == [[2.0, 2.0]]
+    assert models[-1].batches == [1]
+
+
 def test_a_bad_request_fails_alone() -> None:
     model = FakeModel()
 

@@ -5,6 +5,7 @@ targets beside the figures they judge. Synthetic reports only: no benchmark runs
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,33 @@ def _runtime() -> dict[str, Any]:
 
 def _faces() -> dict[str, Any]:
     result = {
-        "recall_by_size": {"48": 0.36, "96": 0.82, "192": 0.95},
-        "recall": 0.71,
-        "false_positives": 1,
-        "clean_photos_with_detections": 0,
-        "ms_per_image": 11.1,
+        "recall_by_size": {"32": 0.78, "64": 0.95},
+        "recall_by_distortion": {"plain": 0.99, "jpeg10": 0.86},
+        "recall_by_kind_from_32px": {"heads": 0.99},
+        "recall_from_32px": 0.906,
+        "recall": 0.835,
+        "faces": 2015,
+        "faces_from_32px": 1679,
+        "missed_from_32px": 157,
+        "false_alarm_photos": 0,
+        "photos": 20,
+        "false_alarms_in": [],
+        "scene_false_positives": 29,
+        "ms_640x480": 28.5,
+        "meets_target": False,
     }
-    return {"scenes": 76, "faces": 126, "results": {bench_page.FACES_DEFAULT: result}}
+    return {
+        "benchmark": "faces",
+        "scenes": 506,
+        "faces": 2015,
+        "face_crops": 42,
+        "photos": ["coffee"] * 20,
+        "sizes": [32, 64],
+        "distortions": ["plain", "jpeg10"],
+        "default": "centerface x1 >= 0.5",
+        "checker": "centerface x1 >= 0.2",
+        "results": {"centerface x1 >= 0.5": result},
+    }
 
 
 def _page(**reports: dict[str, Any]) -> str:
@@ -138,8 +159,13 @@ def test_a_json_the_formatter_cannot_read_is_named_not_fatal() -> None:
     del old["paths"]
     page = _page(offload=old, faces=_faces())
     assert "Today's formatter cannot read this JSON" in page and "KeyError" in page
-    assert "| **short, tiles 3x3, score >= 0.65** (the default) | 0.36 | 0.82 | 0.95 |" in page
-    assert "face-free photos hit" in page
+    assert re.search(r"centerface x1 >= 0.5 \(default\) +0.78 +0.95 +0.906 +0.835", page)
+    assert "0/20" in page and "photos hit" in page
+    top = page[page.index("## Targets") : page.index("## ", page.index("## Targets") + 3)]
+    (p8,) = [line for line in top.splitlines() if line.startswith("| P8 ")]
+    assert "recall 0.906 on faces from 32 px (157 of 1679 missed)" in p8
+    assert "false alarms in 0 of 20 face-free photos, 28.5 ms a 640x480 picture" in p8
+    assert p8.endswith("| **missed** |")
 
 
 def test_make_bench_stamps_a_run_and_renders_every_json(tmp_path: Path) -> None:

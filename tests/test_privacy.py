@@ -10,8 +10,9 @@ from skimage import data
 from edge_agent.offload import ExitGuard
 from edge_agent.policy import PolicyRules
 from edge_agent.preprocess import image_to_tensor, tensor_to_image
-from edge_agent.privacy import FaceDetector, PrivacyInspector, find_pii, mask_pii
-from edge_agent.privacy.faces import FULL_RANGE, SHORT_RANGE, Face, anchors, nms
+from edge_agent.privacy import FaceFinder, PrivacyInspector, find_pii, mask_pii
+from edge_agent.privacy.blazeface import FULL_RANGE, SHORT_RANGE, BlazeFace, anchors
+from edge_agent.privacy.faces import Face, nms
 from edge_agent.privacy.redact import redact_faces
 from edge_core.errors import PrivacyRefusal
 from edge_core.protocol.types import InferRequest
@@ -19,8 +20,13 @@ from edge_core.repository import ModelRepository
 
 
 @pytest.fixture(scope="module")
-def detector(fetched: ModelRepository) -> FaceDetector:
-    return FaceDetector(fetched)
+def blazeface(fetched: ModelRepository) -> BlazeFace:
+    return BlazeFace(fetched)
+
+
+@pytest.fixture(scope="module")
+def detector(face_detectors: tuple[FaceFinder, FaceFinder]) -> FaceFinder:
+    return face_detectors[0]
 
 
 def test_anchor_counts_match_the_models() -> None:
@@ -38,19 +44,21 @@ def test_nms_keeps_the_best_of_overlapping_boxes() -> None:
 @pytest.mark.parametrize(
     ("image", "faces"), [("astronaut", 1), ("camera", 1), ("coffee", 0), ("chelsea", 0)]
 )
-def test_faces_in_scikit_image_photographs(detector: FaceDetector, image: str, faces: int) -> None:
-    found = detector.detect(getattr(data, image)())
-    assert len(found) == faces
+def test_faces_in_scikit_image_photographs(
+    blazeface: BlazeFace, detector: FaceFinder, image: str, faces: int
+) -> None:
+    assert len(blazeface.detect(getattr(data, image)())) == faces
+    assert len(detector.detect(getattr(data, image)())) == faces
 
 
-def test_the_astronauts_face_is_where_it_is(detector: FaceDetector) -> None:
-    (face,) = detector.detect(data.astronaut())
+def test_blazeface_finds_the_astronauts_face_where_it_is(blazeface: BlazeFace) -> None:
+    (face,) = blazeface.detect(data.astronaut())
     # Eileen Collins' face: centred near (225, 125) in the 512x512 picture
     assert 200 < (face.x0 + face.x1) / 2 < 250 and 100 < (face.y0 + face.y1) / 2 < 150
     assert 60 < face.width < 140 and face.score > 0.9
 
 
-def test_redaction_leaves_no_detectable_face_and_the_rest_untouched(detector: FaceDetector) -> None:
+def test_redaction_leaves_no_detectable_face_and_the_rest_untouched(detector: FaceFinder) -> None:
     image = data.astronaut()
     faces = detector.detect(image)
     redacted, remaining = redact_faces(image, faces, detector)
@@ -103,7 +111,7 @@ def test_image_tensors_map_back_to_pictures(fetched: ModelRepository) -> None:
 
 
 def test_inspector_finds_and_redacts_faces_in_tensors(
-    fetched: ModelRepository, detector: FaceDetector
+    fetched: ModelRepository, detector: FaceFinder
 ) -> None:
     pre = fetched.get("ppocr-det").preprocessing
     inspector = PrivacyInspector(detector)
@@ -131,7 +139,7 @@ def request(inputs: dict[str, np.ndarray]) -> InferRequest:
     return InferRequest(inputs=inputs, datatypes={}, model_name="ppocr-det")
 
 
-def test_exit_guard_refuses_and_counts(fetched: ModelRepository, detector: FaceDetector) -> None:
+def test_exit_guard_refuses_and_counts(fetched: ModelRepository, detector: FaceFinder) -> None:
     pre = fetched.get("ppocr-det").preprocessing
     guard = ExitGuard(PrivacyInspector(detector), PolicyRules(), preprocessing=lambda model: pre)
     face = {"x": image_to_tensor(cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR), pre)}
@@ -175,7 +183,7 @@ def rgba(image: np.ndarray) -> np.ndarray:
         lambda a: a.transpose(2, 0, 1)[None, None].astype(np.float32),  # 5-D
     ],
 )
-def test_every_picture_layout_is_searched_and_redacted(detector: FaceDetector, layout) -> None:  # type: ignore[no-untyped-def]
+def test_every_picture_layout_is_searched_and_redacted(detector: FaceFinder, layout) -> None:  # type: ignore[no-untyped-def]
     array = layout(data.astronaut())
     inspector = PrivacyInspector(detector)
     findings = inspector.inspect({"x": array})
@@ -190,7 +198,7 @@ def test_every_picture_layout_is_searched_and_redacted(detector: FaceDetector, l
 
 
 def test_a_tensor_that_may_be_a_picture_but_cannot_be_read_is_refused(
-    detector: FaceDetector,
+    detector: FaceFinder,
 ) -> None:
     two_channels = np.stack([data.camera()] * 2, axis=2)[None]
     guard = ExitGuard(PrivacyInspector(detector), PolicyRules())

@@ -19,7 +19,7 @@ from skimage import data
 from edge_agent.agent import DEFAULT_POLICY, Agent
 from edge_agent.offload import ExitGuard, OffloadClient, Transport
 from edge_agent.policy import Action, PolicyRules, load_policy
-from edge_agent.privacy import FaceDetector, PrivacyInspector, encoded_images
+from edge_agent.privacy import FaceFinder, PrivacyInspector, encoded_images
 from edge_agent.privacy.encoded import carries_metadata, decode, image_format
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
@@ -33,8 +33,8 @@ ARTIST = 0x013B  # the EXIF tag that names who took (or is in) the picture
 
 
 @pytest.fixture(scope="module")
-def detector(fetched: ModelRepository) -> FaceDetector:
-    return FaceDetector(fetched)
+def detector(face_detectors: tuple[FaceFinder, FaceFinder]) -> FaceFinder:
+    return face_detectors[0]
 
 
 def image_file(rgb: np.ndarray, fmt: str = "JPEG", **options: Any) -> bytes:
@@ -94,7 +94,7 @@ def test_image_signatures_and_metadata() -> None:
 
 
 @TENSORS
-def test_an_encoded_image_is_searched_for_faces(detector: FaceDetector, wrap: Any) -> None:
+def test_an_encoded_image_is_searched_for_faces(detector: FaceFinder, wrap: Any) -> None:
     inspector = PrivacyInspector(detector)
     findings = inspector.inspect({"image": wrap(ASTRONAUT_JPEG)})
     assert findings.kinds == {"faces"} and findings.face_count == 1 and findings.images == 1
@@ -105,9 +105,7 @@ def test_an_encoded_image_is_searched_for_faces(detector: FaceDetector, wrap: An
 
 
 @TENSORS
-def test_an_encoded_sensitive_image_is_refused_at_the_exit(
-    detector: FaceDetector, wrap: Any
-) -> None:
+def test_an_encoded_sensitive_image_is_refused_at_the_exit(detector: FaceFinder, wrap: Any) -> None:
     guard = ExitGuard(PrivacyInspector(detector), PolicyRules())
     face = request({"image": wrap(ASTRONAUT_JPEG)})
     with pytest.raises(PrivacyRefusal, match="refused to send a 'sensitive' request"):
@@ -121,7 +119,7 @@ def test_an_encoded_sensitive_image_is_refused_at_the_exit(
 
 @TENSORS
 def test_redacting_an_encoded_image_leaves_no_face_and_no_exif(
-    detector: FaceDetector, wrap: Any
+    detector: FaceFinder, wrap: Any
 ) -> None:
     inspector = PrivacyInspector(detector)
     inputs = {"image": wrap(ASTRONAUT_JPEG)}
@@ -141,7 +139,7 @@ def test_redacting_an_encoded_image_leaves_no_face_and_no_exif(
 
 
 def test_text_and_images_in_one_bytes_tensor_are_handled_each_as_it_is(
-    detector: FaceDetector,
+    detector: FaceFinder,
 ) -> None:
     inspector = PrivacyInspector(detector)
     array = np.empty(2, dtype=object)
@@ -165,7 +163,7 @@ def test_text_and_images_in_one_bytes_tensor_are_handled_each_as_it_is(
 )
 @TENSORS
 def test_an_image_that_cannot_be_decoded_is_refused(
-    detector: FaceDetector, wrap: Any, blob: Any
+    detector: FaceFinder, wrap: Any, blob: Any
 ) -> None:
     if blob == "animated":
         frames = [Image.fromarray(data.coffee()), Image.fromarray(data.astronaut())]
@@ -194,7 +192,7 @@ def test_without_a_face_detector_an_encoded_image_is_refused(wrap: Any) -> None:
         guard.check(request({"image": wrap(ASTRONAUT_JPEG)}), label=None, redacted=False)
 
 
-def test_other_bytes_are_not_taken_for_images(detector: FaceDetector) -> None:
+def test_other_bytes_are_not_taken_for_images(detector: FaceFinder) -> None:
     inspector = PrivacyInspector(detector)
     text = np.array([b"BMW and RIFF are words", b"GIF is a format"], dtype=object)
     raw = np.arange(64, dtype=np.uint8)
@@ -225,7 +223,7 @@ class RecordingTransport(Transport):
 
 @TENSORS
 def test_through_the_agent_what_leaves_shows_no_face_and_no_exif(
-    fetched: ModelRepository, detector: FaceDetector, wrap: Any
+    fetched: ModelRepository, detector: FaceFinder, wrap: Any
 ) -> None:
     rules = load_policy(DEFAULT_POLICY)
     inspector = PrivacyInspector(detector)
@@ -255,7 +253,7 @@ def test_through_the_agent_what_leaves_shows_no_face_and_no_exif(
 
 
 def test_a_flat_uint8_picture_is_still_searched_as_a_picture(
-    fetched: ModelRepository, detector: FaceDetector
+    fetched: ModelRepository, detector: FaceFinder
 ) -> None:
     """Only file bytes take the encoded path: a row of raw pixels is a picture."""
     from edge_core.package import ImagePreprocessing
@@ -273,7 +271,7 @@ def test_a_flat_uint8_picture_is_still_searched_as_a_picture(
     "prefix", [b"data:image/jpeg;base64,", b""], ids=["data-url", "bare-base64"]
 )
 def test_a_picture_sent_as_base64_text_is_searched_and_redacted(
-    detector: FaceDetector, prefix: bytes
+    detector: FaceFinder, prefix: bytes
 ) -> None:
     import base64
 
@@ -295,7 +293,7 @@ def test_a_picture_sent_as_base64_text_is_searched_and_redacted(
     guard.check(request(redacted), label=None, redacted=True)
 
 
-def test_a_data_url_that_does_not_decode_is_refused(detector: FaceDetector) -> None:
+def test_a_data_url_that_does_not_decode_is_refused(detector: FaceFinder) -> None:
     inspector = PrivacyInspector(detector)
     array = np.array(["data:image/png;base64,not really a picture!"], dtype=object)
     assert inspector.inspect({"json": array}).unsearchable == ["json"]
@@ -306,9 +304,7 @@ def test_a_data_url_that_does_not_decode_is_refused(detector: FaceDetector) -> N
 
 
 @pytest.mark.parametrize("variant", ["unpadded", "url-safe", "wrapped"])
-def test_base64_in_its_other_spellings_is_searched_too(
-    detector: FaceDetector, variant: str
-) -> None:
+def test_base64_in_its_other_spellings_is_searched_too(detector: FaceFinder, variant: str) -> None:
     import base64
 
     text = base64.b64encode(ASTRONAUT_JPEG)
@@ -331,7 +327,7 @@ def test_base64_in_its_other_spellings_is_searched_too(
 
 
 def test_bare_base64_that_says_picture_but_does_not_decode_is_refused(
-    detector: FaceDetector,
+    detector: FaceFinder,
 ) -> None:
     inspector = PrivacyInspector(detector)
     array = np.array([b"/9j/" + b"A" * 40 + b"!!"], dtype=object)  # a JPEG's start, then junk
@@ -341,7 +337,7 @@ def test_bare_base64_that_says_picture_but_does_not_decode_is_refused(
 
 
 def test_a_batch_of_image_files_in_uint8_rows_is_searched_and_redacted(
-    detector: FaceDetector,
+    detector: FaceFinder,
 ) -> None:
     coffee = image_file(data.coffee())
     width = max(len(ASTRONAUT_JPEG), len(coffee)) + 100
@@ -366,7 +362,7 @@ def test_a_batch_of_image_files_in_uint8_rows_is_searched_and_redacted(
 
 
 def test_a_picture_whose_pixels_spell_a_signature_is_still_a_picture(
-    detector: FaceDetector,
+    detector: FaceFinder,
 ) -> None:
     """A pixel of (255, 216, 255) reads like a JPEG's first bytes: the picture is still
     searched as one, not taken for files that do not decode."""

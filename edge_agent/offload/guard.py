@@ -2,8 +2,9 @@
 
 Enforced where bytes leave, whatever the policy decided: the offload client
 asks the guard before anything reaches the transport; the guard searches every
-outgoing request again with the same detectors and refuses (and counts) a
-request whose data may not leave as it is:
+outgoing request again (one marked redacted with the inspector's stronger
+checker, the others with its detector) and refuses (and counts) a request whose
+data may not leave as it is:
 
 - its effective label (the caller's label, raised by what the detectors find)
   keeps it on the device;
@@ -51,7 +52,8 @@ class ExitGuard:
     def check(self, request: InferRequest, *, label: str | None, redacted: bool) -> None:
         """Raise :class:`PrivacyRefusal` when ``request`` may not leave the device."""
         pre = self._preprocessing(request.model_name)
-        findings = self.inspector.inspect(request.inputs, pre)
+        # what was redacted must pass the stronger eye, not the detector that chose the boxes
+        findings = self.inspector.inspect(request.inputs, pre, strict=redacted)
         effective = self.rules.effective_label(label, set(findings.kinds))
         mode = self.rules.leave_mode(effective)
         if mode == "local":

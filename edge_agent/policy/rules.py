@@ -35,6 +35,10 @@ what was expected)::
 
     [deadline]
     margin_ms = 2.0                # an estimate must fit the deadline with this to spare
+
+    [redaction]                    # how a redacted copy hides each face (its whole head)
+    mode = "pixelate"              # pixelate (3 blocks across a face) | blur | fill (black)
+    mask_scale = 1.6               # the hidden area's side, in face-box sides
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ __all__ = [
     "LABELS",
     "LEAVE_MODES",
     "PLACEMENTS",
+    "REDACTION_MODES",
     "ModelRule",
     "PolicyError",
     "PolicyRules",
@@ -59,6 +64,7 @@ __all__ = [
 LABELS = ("public", "personal", "sensitive")  # from least to most sensitive
 LEAVE_MODES = ("free", "redact", "local")  # from least to most restrictive
 PLACEMENTS = ("device", "cloud", "either")
+REDACTION_MODES = ("pixelate", "blur", "fill")
 
 
 class PolicyError(ConfigError):
@@ -88,6 +94,8 @@ class PolicyRules:
     max_cpu_load: float = 0.9
     local_when_critical: bool = False
     deadline_margin_ms: float = 2.0
+    redaction_mode: str = "pixelate"
+    mask_scale: float = 1.6
     source: Path | None = None
 
     def rule(self, model: str) -> ModelRule:
@@ -116,6 +124,7 @@ class PolicyRules:
                 "local_when_critical": self.local_when_critical,
             },
             "deadline": {"margin_ms": self.deadline_margin_ms},
+            "redaction": {"mode": self.redaction_mode, "mask_scale": self.mask_scale},
         }
 
 
@@ -178,6 +187,10 @@ def parse_policy(
     deadline = fields.table("deadline", None)
     margin = deadline.number("margin_ms", 2.0, minimum=0.0)
     deadline.done()
+    redaction = fields.table("redaction", None)
+    mode = redaction.string("mode", defaults.redaction_mode, choices=REDACTION_MODES)
+    mask_scale = redaction.number("mask_scale", defaults.mask_scale, minimum=1.0, maximum=4.0)
+    redaction.done()
     fields.integer("version", 1, minimum=1)
     fields.done()
     return PolicyRules(
@@ -191,6 +204,8 @@ def parse_policy(
         max_cpu_load=max_cpu_load,
         local_when_critical=local_when_critical,
         deadline_margin_ms=margin,
+        redaction_mode=mode,
+        mask_scale=mask_scale,
         source=path,
     )
 

@@ -2,15 +2,19 @@
 
 :class:`PrivacyInspector` looks into a request's tensors: image inputs (as the
 model's manifest describes them, or any 3-D tensor that looks like a picture)
-are searched for faces with BlazeFace (:mod:`.faces`), text (``BYTES``)
+are searched for faces with the chosen detector (:mod:`.faces`: CenterFace by
+default), text (``BYTES``)
 inputs for e-mail addresses, phone, card and ID numbers (:mod:`.text`).
 Encoded image files (JPEG, PNG, WebP, BMP, GIF, TIFF), whether ``BYTES``
 elements or a flat ``uint8`` tensor, are recognised by their signature and
 decoded (:mod:`.encoded`) to be searched like any picture; one that cannot be
 decoded is unsearchable, which the exit guard refuses.
-:meth:`PrivacyInspector.redact` returns new tensors with the faces pixelated
-(:mod:`.redact`), the text masked and encoded images written again from their
-(redacted) pixels, without their metadata; checked again with the same detectors.
+:meth:`PrivacyInspector.redact` returns new tensors with each face's head hidden
+(:mod:`.redact`: pixelated, blurred or filled, as the policy says), the text
+masked and encoded images written again from their (redacted) pixels, without
+their metadata; then searched again, pictures with the stronger *checker*
+(``inspect(..., strict=True)``), which the exit guard also uses on every
+redacted request.
 """
 
 from __future__ import annotations
@@ -29,15 +33,18 @@ from edge_agent.privacy.encoded import (
     image_format,
     unwrap_base64,
 )
-from edge_agent.privacy.faces import Face, FaceDetector
-from edge_agent.privacy.redact import redact_faces
+from edge_agent.privacy.faces import Face, FaceFinder
+from edge_agent.privacy.redact import Redaction, redact_faces
 from edge_agent.privacy.text import find_pii, mask_pii
+from edge_core.errors import InputError, PrivacyRefusal
 from edge_core.package import ImagePreprocessing
 
 __all__ = [
-    "FaceDetector",
+    "FaceFinder",
     "Findings",
     "PrivacyInspector",
+    "Redacted",
+    "Redaction",
     "encoded_images",
     "find_pii",
     "mask_pii",
@@ -186,44 +193,74 @@ def pictures(
     return found
 
 
+@dataclass(frozen=True)
+class Redacted:
+    """What :meth:`PrivacyInspector.anonymize` made: the inputs, redacted; how many
+    faces the detector found; and how many pictures were searched."""
+
+    outputs: dict[str, Array]
+    faces: int
+    pictures: int
+
+
 class PrivacyInspector:
     """Finds faces and personal data in tensors, and redacts them.
 
-    ``faces`` is ``None`` on a device without the BlazeFace model: pictures are
-    then not searched, and are reported as unsearchable, which the exit guard
-    treats as "cannot prove clean". So is any tensor that may be a picture but
-    whose layout cannot be read: the guard fails closed.
+    ``faces`` is ``None`` on a device without a face detector's model: pictures
+    are then not searched, and are reported as unsearchable, which the exit
+    guard treats as "cannot prove clean". So is any tensor that may be a picture
+    but whose layout cannot be read: the guard fails closed. ``checker`` is the
+    stronger eye that redacted pictures must pass (default: ``faces`` itself);
+    ``redaction`` how faces are hidden.
     """
 
-    def __init__(self, faces: FaceDetector | None) -> None:
+    def __init__(
+        self,
+        faces: FaceFinder | None,
+        *,
+        checker: FaceFinder | None = None,
+        redaction: Redaction | None = None,
+    ) -> None:
         self.detector = faces
+        self.checker = checker or faces
+        self.redaction = redaction or Redaction()
+
+    def _eye(self, strict: bool) -> FaceFinder | None:
+        return self.checker if strict else self.detector
 
     @staticmethod
     def _pre(name: str, preprocessing: ImagePreprocessing | None) -> ImagePreprocessing | None:
         return preprocessing if preprocessing is not None and preprocessing.input == name else None
 
     def inspect(
-        self, inputs: dict[str, Array], preprocessing: ImagePreprocessing | None = None
+        self,
+        inputs: dict[str, Array],
+        preprocessing: ImagePreprocessing | None = None,
+        *,
+        strict: bool = False,
     ) -> Findings:
+        """What the detectors find in ``inputs``; pictures searched with the checker
+        when ``strict`` (a redacted request), else with the detector."""
         findings = Findings()
+        detector = self._eye(strict)
         for name, array in inputs.items():
             if _holds_bytes(array):
-                self._inspect_bytes(name, array, findings)
+                self._inspect_bytes(name, array, findings, detector)
                 continue
             found = pictures(array, self._pre(name, preprocessing))
             searchable = [view for _, view in found if min(view.rgb.shape[:2]) >= PICTURE_SIDE]
-            if (not found and _looks_like_a_picture(array)) or (
-                searchable and self.detector is None
-            ):
+            if (not found and _looks_like_a_picture(array)) or (searchable and detector is None):
                 findings.unsearchable.append(name)
                 continue
-            if self.detector is None or not searchable:
+            if detector is None or not searchable:
                 continue
             findings.images += len(searchable)
-            findings.faces[name] = [self.detector.detect(view.rgb) for _, view in found]
+            findings.faces[name] = [detector.detect(view.rgb) for _, view in found]
         return findings
 
-    def _inspect_bytes(self, name: str, array: Array, findings: Findings) -> None:
+    def _inspect_bytes(
+        self, name: str, array: Array, findings: Findings, detector: FaceFinder | None
+    ) -> None:
         """Text for personal data; encoded images for faces and metadata."""
         images = encoded_images(array)
         if _holds_text(array):
@@ -236,11 +273,11 @@ class PrivacyInspector:
         if any(carries_metadata(data) for data in images.values()):
             findings.metadata.append(name)
         decoded = [decode(data) for data in images.values()]
-        if self.detector is None or any(rgb is None for rgb in decoded):
+        if detector is None or any(rgb is None for rgb in decoded):
             findings.unsearchable.append(name)
             return
         findings.images += len(decoded)
-        findings.faces[name] = [self.detector.detect(rgb) for rgb in decoded if rgb is not None]
+        findings.faces[name] = [detector.detect(rgb) for rgb in decoded if rgb is not None]
 
     def _rewrite(self, data: bytes, faces: list[Face]) -> bytes | None:
         """An image file written again from its pixels (faces redacted): no metadata.
@@ -249,8 +286,8 @@ class PrivacyInspector:
         rgb = decode(data)
         if rgb is None:
             return None
-        if faces and self.detector is not None:
-            rgb, _ = redact_faces(rgb, faces, self.detector)
+        if self.checker is not None:  # also what the detector missed and the checker sees
+            rgb, _ = redact_faces(rgb, faces, self.checker, self.redaction)
         return encode(rgb, image_format(data) or "png")
 
     def _redact_bytes(self, array: Array, pii: list[str], per_image: list[list[Face]]) -> Array:
@@ -287,23 +324,58 @@ class PrivacyInspector:
         findings: Findings,
         preprocessing: ImagePreprocessing | None = None,
     ) -> tuple[dict[str, Array], Findings]:
-        """New inputs with faces pixelated, personal text masked and encoded images
-        written again without metadata; what is still found."""
+        """New inputs with faces hidden, personal text masked and encoded images
+        written again without metadata; what is still found (pictures searched by
+        the checker: for pixel tensors, what it found in the last round of
+        :func:`redact_faces`; the exit guard searches what leaves once more)."""
         out = dict(inputs)
         for name, array in inputs.items():
             if _holds_bytes(array):
                 out[name] = self._redact_bytes(
                     array, findings.pii.get(name, []), findings.faces.get(name, [])
                 )
+        left: dict[str, list[list[Face]]] = {}
         for name, per_picture in findings.faces.items():
-            if not any(per_picture) or self.detector is None or _holds_bytes(inputs[name]):
+            if self.checker is None or _holds_bytes(inputs[name]):
                 continue
             array = np.array(inputs[name], copy=True)
+            left[name] = []
             for (where, view), faces in zip(
                 pictures(array, self._pre(name, preprocessing)), per_picture, strict=True
             ):
-                if faces:
-                    redacted, _ = redact_faces(view.rgb, faces, self.detector)
+                # every picture: the checker also hides what the detector missed
+                redacted, remaining = redact_faces(view.rgb, faces, self.checker, self.redaction)
+                left[name].append(remaining)
+                if redacted is not view.rgb:
                     array[where] = view.encode(redacted)
             out[name] = array
-        return out, self.inspect(out, preprocessing)
+        rest = {name: array for name, array in out.items() if name not in left}
+        after = self.inspect(rest, preprocessing, strict=True)
+        after.faces.update(left)
+        after.images += sum(len(per_picture) for per_picture in left.values())
+        return out, after
+
+    def anonymize(self, inputs: dict[str, Array], redaction: Redaction | None = None) -> Redacted:
+        """``inputs`` with every picture's faces hidden (pictures as tensors or image
+        files), personal text masked, image metadata dropped: nothing leaves the
+        device, and nothing that the checker still finds is handed back.
+
+        Raises:
+            InputError: no input holds a picture, or one cannot be searched.
+            PrivacyRefusal: the checker still finds a face after redaction.
+        """
+        inspector = self
+        if redaction is not None:
+            inspector = PrivacyInspector(self.detector, checker=self.checker, redaction=redaction)
+        findings = inspector.inspect(inputs)
+        if findings.unsearchable:
+            raise InputError(
+                f"cannot search {', '.join(findings.unsearchable)} for faces here "
+                "(no face detector, or a layout or file that cannot be read)"
+            )
+        if not findings.images:
+            raise InputError("no input holds a picture to redact (at least 32 px a side)")
+        outputs, after = inspector.redact(inputs, findings)
+        if after.face_count or after.unsearchable:
+            raise PrivacyRefusal("the checker still finds a face after redaction; not handed back")
+        return Redacted(outputs, findings.face_count, findings.images)

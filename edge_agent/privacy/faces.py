@@ -1,72 +1,51 @@
-"""Face detection with MediaPipe's BlazeFace, through the agent's LiteRT backend.
+"""Faces: the box type every detector returns, and the detectors to choose from.
 
-The model outputs one box regression and one score per SSD anchor; the anchors
-are generated as MediaPipe's ``SsdAnchorsCalculator`` does for each model
-(896 for the short-range model at 128x128, 2304 for the full-range one at
-192x192), decoded as its ``TensorsToDetectionsCalculator`` does, and
-overlapping boxes are merged by non-maximum suppression.
+Two models find faces (both fetched by ``tools/fetch_models.py``):
 
-Images are letterboxed (padded to a square, not stretched) before they are
-scaled to the model's input, and boxes are mapped back to the image's pixels.
-The short-range model is made for faces that fill a good part of the frame;
-:class:`FaceDetector` can also run it on overlapping tiles (``tiles=2``: a 2x2
-grid plus the whole image) to find smaller faces, or combine it with the
-full-range model. ``tools/eval_faces.py`` measures recall and false
-positives of these choices on faces of 48, 96 and 192 pixels pasted into
-photographs without faces; the default is what it found best for privacy
-(recall first, then false positives): the short-range model on the whole image
-and a 3x3 grid of tiles, boxes kept from a score of 0.65 (MediaPipe's own
-threshold, 0.5, also finds the cat in ``chelsea.png``).
+- **CenterFace** (:mod:`.centerface`, ONNX Runtime): one pass over the whole
+  picture at (a scale of) its own resolution; finds faces from about 20 px.
+- **BlazeFace** (:mod:`.blazeface`, LiteRT): MediaPipe's short-range model on
+  the whole picture and a grid of tiles; cheaper, and blind to faces below
+  about 64 px in a 640x480 picture.
+
+:func:`open_detector` builds the one a :class:`DetectorSpec` names.
+:data:`DEFAULT` is what ``edge-agent bench privacy`` (``tools/eval_faces.py``)
+measured best for privacy: recall first, then false alarms, then time.
+:data:`CHECK` is the stronger eye that every redacted picture must pass: the
+same network at a low threshold, so that it sees what the default would
+miss.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from edge_agent.config import DETECTORS
 from edge_core.repository import ModelRepository
-from edge_core.runtime import RuntimeOptions, Session, open_best
+from edge_core.runtime import RuntimeOptions
 
-__all__ = ["FULL_RANGE", "SHORT_RANGE", "AnchorSpec", "Face", "FaceDetector", "anchors", "nms"]
+__all__ = [
+    "CHECK",
+    "DEFAULT",
+    "DETECTORS",
+    "AnyOf",
+    "DetectorSpec",
+    "Face",
+    "FaceFinder",
+    "SecondLook",
+    "grey_to_rgb",
+    "iou",
+    "nms",
+    "open_detector",
+    "open_detectors",
+    "spec_for",
+]
 
 Array = np.ndarray[Any, Any]
-
-
-@dataclass(frozen=True)
-class AnchorSpec:
-    """The options of MediaPipe's SsdAnchorsCalculator and decoder for one model."""
-
-    model: str  # package name in the model repository
-    input_size: int
-    strides: tuple[int, ...]
-    interpolated_scale_aspect_ratio: float
-    min_score: float
-
-
-SHORT_RANGE = AnchorSpec("face-detection-short-range", 128, (8, 16, 16, 16), 1.0, 0.5)
-FULL_RANGE = AnchorSpec("face-detection-full-range", 192, (4,), 0.0, 0.6)
-
-
-def anchors(spec: AnchorSpec) -> Array:
-    """Anchor centres ``[N, 2]`` (x, y in 0..1); anchor sizes are fixed at 1."""
-    centres: list[tuple[float, float]] = []
-    layer = 0
-    while layer < len(spec.strides):
-        stride = spec.strides[layer]
-        per_cell = 0
-        # consecutive layers with the same stride share one grid
-        while layer < len(spec.strides) and spec.strides[layer] == stride:
-            per_cell += 1 + (1 if spec.interpolated_scale_aspect_ratio > 0 else 0)
-            layer += 1
-        cells = -(-spec.input_size // stride)
-        for y in range(cells):
-            for x in range(cells):
-                for _ in range(per_cell):
-                    centres.append(((x + 0.5) / cells, (y + 0.5) / cells))
-    return np.asarray(centres, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -86,6 +65,9 @@ class Face:
     @property
     def height(self) -> float:
         return self.y1 - self.y0
+
+    def shifted(self, dx: float, dy: float) -> Face:
+        return Face(self.x0 + dx, self.y0 + dy, self.x1 + dx, self.y1 + dy, self.score)
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -114,115 +96,148 @@ def nms(faces: Sequence[Face], threshold: float = 0.3) -> list[Face]:
     return kept
 
 
-class _Model:
-    def __init__(self, spec: AnchorSpec, session: Session) -> None:
-        self.spec = spec
-        self.session = session
-        self.anchors = anchors(spec)
-        self.input = session.inputs[0].name
-        regressors, scores = sorted(session.outputs, key=lambda s: -s.shape[-1])
-        self.regressors, self.scores = regressors.name, scores.name
-        if regressors.shape[1] != len(self.anchors):
-            raise ValueError(
-                f"{spec.model} has {regressors.shape[1]} boxes but {len(self.anchors)} anchors"
-            )
-
-    def detect(self, rgb: Array) -> list[Face]:
-        """Faces in an RGB ``uint8`` image, in its pixels."""
-        import cv2
-
-        height, width = rgb.shape[:2]
-        side = max(height, width)
-        square = np.zeros((side, side, 3), np.uint8)
-        top, left = (side - height) // 2, (side - width) // 2
-        square[top : top + height, left : left + width] = rgb
-        size = self.spec.input_size
-        scaled = cv2.resize(square, (size, size), interpolation=cv2.INTER_AREA)
-        tensor = (scaled.astype(np.float32) / 127.5 - 1.0)[None]
-        out = self.session.run({self.input: tensor})
-        raw = out[self.regressors][0]
-        logits = np.clip(out[self.scores][0, :, 0].astype(np.float64), -100.0, 100.0)
-        scores = 1.0 / (1.0 + np.exp(-logits))
-        faces = []
-        for index in np.nonzero(scores >= self.spec.min_score)[0]:
-            cx = float(raw[index, 0]) / size + float(self.anchors[index, 0])
-            cy = float(raw[index, 1]) / size + float(self.anchors[index, 1])
-            w, h = float(raw[index, 2]) / size, float(raw[index, 3]) / size
-            faces.append(
-                Face(
-                    x0=(cx - w / 2) * side - left,
-                    y0=(cy - h / 2) * side - top,
-                    x1=(cx + w / 2) * side - left,
-                    y1=(cy + h / 2) * side - top,
-                    score=float(scores[index]),
-                )
-            )
-        return faces
+def grey_to_rgb(image: Array) -> Array:
+    """An ``H x W x 3`` view of a grey (``H x W`` or ``H x W x 1``) or RGBA picture."""
+    if image.ndim == 2:
+        image = image[:, :, None]
+    if image.shape[2] == 1:
+        return np.repeat(image, 3, axis=2)
+    return image[:, :, :3]
 
 
-class FaceDetector:
-    """Faces in pictures.
-
-    Args:
-        repository: where the BlazeFace packages are (``tools/fetch_models.py``).
-        models: which BlazeFace models to run (``SHORT_RANGE``, ``FULL_RANGE``).
-        tiles: also run on an ``n x n`` grid of overlapping tiles (0: whole image only).
-        min_score: the lowest score kept (at least the model's own threshold).
-        min_size: images smaller than this (pixels, either side) are not searched:
-            a tensor such as an 8x8 digit cannot show a recognisable face.
-    """
-
-    def __init__(
-        self,
-        repository: ModelRepository,
-        *,
-        models: Sequence[AnchorSpec] = (SHORT_RANGE,),
-        tiles: int = 3,
-        min_score: float = 0.65,
-        min_size: int = 32,
-        options: RuntimeOptions | None = None,
-    ) -> None:
-        options = options or RuntimeOptions(threads=1, warmup=1)
-        self.models = [
-            _Model(
-                replace(spec, min_score=max(spec.min_score, min_score)),
-                open_best(repository.get(spec.model), options)[1],
-            )
-            for spec in models
-        ]
-        self.tiles = tiles
-        self.min_size = min_size
+class FaceFinder(Protocol):
+    """What the privacy inspector, the exit guard and redaction call."""
 
     def detect(self, rgb: Array) -> list[Face]:
         """Faces in an RGB (or grey) ``uint8`` image ``H x W [x C]``, best first."""
-        if rgb.ndim == 2:
-            rgb = np.repeat(rgb[:, :, None], 3, axis=2)
-        elif rgb.shape[2] == 1:
-            rgb = np.repeat(rgb, 3, axis=2)
-        height, width = rgb.shape[:2]
-        if min(height, width) < self.min_size:
-            return []
-        found: list[Face] = []
-        for model in self.models:
-            found.extend(model.detect(rgb))
-            if self.tiles > 1:
-                found.extend(self._tiled(model, rgb))
-        return nms(found)
+        ...
 
-    def _tiled(self, model: _Model, rgb: Array) -> list[Face]:
-        height, width = rgb.shape[:2]
-        n = self.tiles
-        tile_h, tile_w = int(height * 1.5 / (n + 0.5)), int(width * 1.5 / (n + 0.5))
-        found = []
-        for row in range(n):
-            for col in range(n):
-                y0 = round(row * (height - tile_h) / max(n - 1, 1))
-                x0 = round(col * (width - tile_w) / max(n - 1, 1))
-                tile = rgb[y0 : y0 + tile_h, x0 : x0 + tile_w]
-                if min(tile.shape[:2]) < self.min_size:
-                    continue
-                for face in model.detect(tile):
-                    found.append(
-                        Face(face.x0 + x0, face.y0 + y0, face.x1 + x0, face.y1 + y0, face.score)
-                    )
-        return found
+
+class AnyOf:
+    """Several detectors as one: every box any of them finds (overlaps merged)."""
+
+    def __init__(self, detectors: Sequence[FaceFinder]) -> None:
+        self.detectors = list(detectors)
+
+    def detect(self, rgb: Array) -> list[Face]:
+        return nms([face for d in self.detectors for face in d.detect(rgb)])
+
+
+@dataclass(frozen=True)
+class SecondLook:
+    """A closer look at the faces the first look is unsure of.
+
+    A box scoring from ``candidates`` up to the detector's threshold is cut out
+    with ``context`` times its side around it, enlarged to ``side`` x ``side``
+    (a 32 px face becomes about 50 px, where the network is surer) and searched
+    again; it is a face when a box centred on it scores ``threshold`` there. The
+    crops of one picture run as one batch.
+    """
+
+    candidates: float = 0.08
+    threshold: float = 0.2
+    side: int = 128
+    context: float = 2.5
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    """A detector configuration.
+
+    Attributes:
+        model: ``centerface``, ``blazeface`` or ``blazeface+centerface`` (both).
+        threshold: the lowest score kept (CenterFace's heatmap, BlazeFace's
+            probability; for both, each model's own).
+        scale: CenterFace's input scale (1.0: the picture's own pixels; 0.5 is
+            four times cheaper and misses faces below about 40 px).
+        tiles: BlazeFace's grid of tiles (``n x n``, plus the whole picture).
+        blazeface_threshold: BlazeFace's threshold when both run.
+        second_look: how CenterFace looks again at the boxes it is unsure of.
+    """
+
+    model: str = "centerface"
+    threshold: float = 0.5
+    scale: float = 1.0
+    tiles: int = 3
+    blazeface_threshold: float = 0.65
+    second_look: SecondLook | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in DETECTORS:
+            raise ValueError(f"unknown face detector {self.model!r}; one of {', '.join(DETECTORS)}")
+        if not 0.0 < self.threshold < 1.0 or not 0.1 <= self.scale <= 4.0:
+            raise ValueError(f"threshold must be in (0, 1) and scale in [0.1, 4], got {self}")
+
+
+DEFAULT = DetectorSpec("centerface", threshold=0.5, second_look=SecondLook(0.08, 0.2))
+CHECK = DetectorSpec("centerface", threshold=0.2, second_look=SecondLook(0.05, 0.15))
+
+
+def spec_for(
+    model: str | None = None, *, threshold: float | None = None, scale: float | None = None
+) -> DetectorSpec:
+    """The configuration of ``model`` (``None``: :data:`DEFAULT`'s), at its measured
+    settings unless ``threshold`` or ``scale`` are given.
+
+    Raises:
+        ValueError: an unknown model, or a value out of range.
+    """
+    model = model or DEFAULT.model
+    if model == "blazeface":
+        return DetectorSpec(model, threshold=threshold or 0.65, tiles=3)
+    return replace(
+        DEFAULT, model=model, threshold=threshold or DEFAULT.threshold, scale=scale or DEFAULT.scale
+    )
+
+
+def open_detector(
+    repository: ModelRepository, spec: DetectorSpec, options: RuntimeOptions | None = None
+) -> FaceFinder:
+    """The detector ``spec`` describes, its models loaded from ``repository``.
+
+    Raises:
+        ModelNotFoundError, NoVariantError: a model it needs is not there
+            (``tools/fetch_models.py`` fetches them) or cannot be loaded.
+    """
+    from edge_agent.privacy.blazeface import BlazeFace
+    from edge_agent.privacy.centerface import CenterFace
+
+    if spec.model == "blazeface":
+        return BlazeFace(repository, tiles=spec.tiles, min_score=spec.threshold, options=options)
+    centerface = CenterFace(
+        repository,
+        threshold=spec.threshold,
+        scale=spec.scale,
+        second_look=spec.second_look,
+        options=options,
+    )
+    if spec.model == "centerface":
+        return centerface
+    blazeface = BlazeFace(
+        repository, tiles=spec.tiles, min_score=spec.blazeface_threshold, options=options
+    )
+    return AnyOf([blazeface, centerface])
+
+
+def open_detectors(
+    repository: ModelRepository,
+    spec: DetectorSpec = DEFAULT,
+    check: DetectorSpec = CHECK,
+    options: RuntimeOptions | None = None,
+) -> tuple[FaceFinder, FaceFinder]:
+    """The detector and the checker; one CenterFace model serves both when they run
+    it at one scale.
+
+    Raises:
+        ModelNotFoundError, NoVariantError: see :func:`open_detector`.
+    """
+    from edge_agent.privacy.centerface import CenterFace
+
+    checker = open_detector(repository, check, options)
+    if (
+        spec.model == "centerface"
+        and isinstance(checker, CenterFace)
+        and checker.scale == spec.scale
+    ):
+        return checker.sharing(threshold=spec.threshold, second_look=spec.second_look), checker
+    return open_detector(repository, spec, options), checker

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_agent.config import DETECTORS
 from edge_core.errors import ProfileError
 from edge_core.fields import Fields, load_document
 from edge_core.package import FORMATS, PRECISIONS
@@ -25,6 +26,7 @@ __all__ = [
     "DeviceProfile",
     "OffloadPreferences",
     "PowerMode",
+    "PrivacyPreferences",
     "ProfileStore",
     "ThermalZone",
     "load_profile",
@@ -88,6 +90,16 @@ class OffloadPreferences:
 
 
 @dataclass(frozen=True)
+class PrivacyPreferences:
+    """The face detector this device can afford (``None``: the measured default).
+    A cheaper one costs recall: docs/policy.md gives the figures."""
+
+    detector: str | None = None
+    scale: float | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     id: str
     description: str
@@ -102,6 +114,7 @@ class DeviceProfile:
     thermal_zones: tuple[ThermalZone, ...]
     offload: OffloadPreferences
     latency_budget_ms: float | None = None  # a new model's smoke test must run within it
+    privacy: PrivacyPreferences = field(default_factory=PrivacyPreferences)
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,6 +164,7 @@ class DeviceProfile:
             },
             "thermal_zones": [vars(zone) for zone in self.thermal_zones],
             "offload": vars(self.offload),
+            "privacy": {k: v for k, v in vars(self.privacy).items() if v is not None},
             "source": str(self.source) if self.source else None,
         }
 
@@ -292,6 +306,13 @@ def load_profile(path: Path) -> DeviceProfile:
         offload_when_throttled=offload_fields.boolean("offload_when_throttled"),
     )
     offload_fields.done()
+    privacy_fields = fields.table("privacy", None)
+    privacy = PrivacyPreferences(
+        detector=privacy_fields.string("detector", None, choices=list(DETECTORS)),
+        scale=privacy_fields.number("scale", None, minimum=0.25, maximum=2.0),
+        threshold=privacy_fields.number("threshold", None, minimum=0.01, maximum=0.99),
+    )
+    privacy_fields.done()
     fields.done()
     return DeviceProfile(
         id=profile_id,
@@ -307,6 +328,7 @@ def load_profile(path: Path) -> DeviceProfile:
         default_power_mode=default_mode,
         thermal_zones=zones,
         offload=offload,
+        privacy=privacy,
         source=path,
     )
 

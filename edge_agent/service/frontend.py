@@ -8,6 +8,13 @@ deadline from the protocol's ``timeout`` parameter (µs). The response's
 parameters say what the agent did: ``edge_action``, ``edge_reason``,
 ``edge_where`` (device, cloud or cache), ``edge_model`` (the model that
 answered), ``edge_degraded`` and ``request_id``.
+
+One model-like name is the agent's own: ``redact`` (unless a model of that name
+is on the device) hides the faces in every picture it is sent, tensors or
+encoded image files under any input names, on the device (nothing is
+offloaded), and answers the same inputs redacted plus ``faces`` (``INT32``
+``[1]``, how many the detector found). The request parameters ``mode``
+(``pixelate``, ``blur``, ``fill``) and ``mask_scale`` override the policy's.
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from edge_agent.agent import Agent
 from edge_agent.preprocess import encoded_pictures
+from edge_agent.privacy import Redaction
 from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
 from edge_core.errors import InputError, ModelNotFoundError, Stopping
@@ -29,7 +40,9 @@ from edge_core.names import check_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.status import status_of
 
-__all__ = ["LocalService"]
+__all__ = ["REDACT", "LocalService"]
+
+REDACT = "redact"
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +152,8 @@ class LocalService:
                 name = check_model_name(request.model_name)
                 version = parse_version(request.model_version)
                 package = agent.package(name)
+                if name == REDACT and package is None:
+                    return self._redact(agent, request, rid, started)
                 if agent.offload is None and package is None:
                     raise ModelNotFoundError(
                         f"unknown model {name!r}: not on this device, and no gateway to ask"
@@ -197,10 +212,12 @@ class LocalService:
 
     def repository_index(self) -> list[dict[str, str]]:
         """The models on the device, as the repository extension lists them: READY when
-        this device can run one (a variant its runtimes and profile allow)."""
+        this device can run one (a variant its runtimes and profile allow); and the
+        ``redact`` endpoint, unless a model takes its name."""
         agent = self.agent
         index = []
-        for name in agent.models.names():
+        names = agent.models.names()
+        for name in names:
             package = agent.package(name)
             if package is None:
                 continue
@@ -210,7 +227,31 @@ class LocalService:
             if not runs:
                 entry["reason"] = "no variant this device's runtimes and profile can run"
             index.append(entry)
+        if REDACT not in names:
+            index.append({"name": REDACT, "version": "1", "state": "READY"})
         return index
+
+    def _redact(
+        self, agent: Agent, request: InferRequest, rid: str, started: float
+    ) -> InferResponse:
+        """The ``redact`` endpoint: the inputs with their faces hidden, and their count."""
+        redacted = agent.redact(
+            request.inputs, _redaction(request.parameters, agent.inspector.redaction)
+        )
+        outputs = {**redacted.outputs, "faces": np.array([redacted.faces], np.int32)}
+        if request.outputs is not None:
+            missing = [o.name for o in request.outputs if o.name not in outputs]
+            if missing:
+                raise InputError(f"unknown output {missing[0]!r} of {REDACT!r}")
+            outputs = {o.name: outputs[o.name] for o in request.outputs}
+        self.metrics.request(REDACT, "redact", "redacted", "device", time.perf_counter() - started)
+        return InferResponse(
+            model_name=REDACT,
+            model_version="1",
+            outputs=outputs,
+            id=request.id,
+            parameters={"edge_where": "device", "edge_faces": redacted.faces, "request_id": rid},
+        )
 
     def _label_of(self, name: str) -> str:
         """The metric label of a requested model: its name when the agent knows it
@@ -227,6 +268,8 @@ class LocalService:
         """
         package = self.agent.package(check_model_name(name))
         wanted = parse_version(version)
+        if package is None and name == REDACT and wanted in (None, 1):
+            return REDACT_METADATA
         if package is None:
             raise ModelNotFoundError(f"unknown model {name!r}")
         if wanted is not None and wanted != package.version:
@@ -242,6 +285,41 @@ class LocalService:
             "inputs": [spec.to_dict() for spec in package.inputs],
             "outputs": [spec.to_dict() for spec in package.outputs],
         }
+
+
+REDACT_METADATA: dict[str, Any] = {
+    "name": REDACT,
+    "versions": ["1"],
+    "platform": "edge-agent",
+    # any input names: each picture (a BYTES image file, or a UINT8 HWC tensor) comes back
+    "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [
+        {"name": "image", "datatype": "BYTES", "shape": [-1]},
+        {"name": "faces", "datatype": "INT32", "shape": [1]},
+    ],
+}
+
+
+def _redaction(parameters: dict[str, Any], base: Redaction) -> Redaction | None:
+    """The redaction a ``redact`` request asks for: ``base`` (the policy's) with its
+    ``mode`` and ``mask_scale`` parameters; ``None`` when it asks for none.
+
+    Raises:
+        InputError: ``mode`` or ``mask_scale`` is wrong.
+    """
+    mode, scale = parameters.get("mode"), parameters.get("mask_scale")
+    if mode is None and scale is None:
+        return None
+    try:
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+            raise ValueError(f"mask_scale must be a number, got {scale!r}")
+        return replace(
+            base,
+            mode=base.mode if mode is None else mode,
+            mask_scale=base.mask_scale if scale is None else float(scale),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{REDACT}: {exc}"[:200]) from None
 
 
 def _platform(variant: str) -> str:

@@ -29,7 +29,7 @@ from .inputs import Inputs
 
 DIGIT_MODELS = ("digits-light", "digits-heavy")
 FACES = "face-detection-short-range"  # BlazeFace
-FACE_SCORE = 0.65  # the privacy guard's threshold (edge_agent.privacy.faces)
+FACE_SCORE = 0.65  # BlazeFace's threshold as a chosen detector (edge_agent.privacy.faces.spec_for)
 TIMED_RUNS = 20
 OPTIONS = RuntimeOptions(threads=1, warmup=3)
 
