@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_agent.profiles.cost import CostFigures
 from edge_core.errors import ProfileError
 from edge_core.fields import Fields, load_document
 from edge_core.package import FORMATS, PRECISIONS
@@ -102,6 +103,7 @@ class DeviceProfile:
     thermal_zones: tuple[ThermalZone, ...]
     offload: OffloadPreferences
     latency_budget_ms: float | None = None  # a new model's smoke test must run within it
+    cost: CostFigures | None = None  # compute and bandwidth, for latency predictions
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,6 +153,7 @@ class DeviceProfile:
             },
             "thermal_zones": [vars(zone) for zone in self.thermal_zones],
             "offload": vars(self.offload),
+            "cost": self.cost.to_dict() if self.cost is not None else None,
             "source": str(self.source) if self.source else None,
         }
 
@@ -270,6 +273,29 @@ def _thermal(fields: Fields) -> tuple[ThermalZone, ...]:
     return tuple(zones)
 
 
+def _cost(fields: Fields) -> CostFigures:
+    """The optional ``[cost]`` table: the figures of the roofline latency estimate."""
+    compute = fields.table("compute_gops")
+    gops = {}
+    for precision in compute.names():
+        if precision not in PRECISIONS:
+            raise compute.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
+        gops[precision] = compute.number(precision, minimum=1e-6)
+    if "fp32" not in gops:
+        raise compute.fail("fp32", "missing (required: the figure other precisions fall back to)")
+    compute.done()
+    figures = CostFigures(
+        compute_gops=gops,
+        bandwidth_gbs=fields.number("bandwidth_gbs", minimum=1e-6),
+        efficiency=fields.number("efficiency", 1.0, minimum=1e-3, maximum=1.0),
+        call_overhead_us=fields.number("call_overhead_us", 0.0, minimum=0.0),
+        node_overhead_us=fields.number("node_overhead_us", 0.0, minimum=0.0),
+        source=fields.string("source"),
+    )
+    fields.done()
+    return figures
+
+
 def load_profile(path: Path) -> DeviceProfile:
     """Load and validate one profile file.
 
@@ -292,6 +318,7 @@ def load_profile(path: Path) -> DeviceProfile:
         offload_when_throttled=offload_fields.boolean("offload_when_throttled"),
     )
     offload_fields.done()
+    cost = _cost(fields.table("cost")) if fields.has("cost") else None
     fields.done()
     return DeviceProfile(
         id=profile_id,
@@ -307,6 +334,7 @@ def load_profile(path: Path) -> DeviceProfile:
         default_power_mode=default_mode,
         thermal_zones=zones,
         offload=offload,
+        cost=cost,
         source=path,
     )
 
