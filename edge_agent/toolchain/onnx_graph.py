@@ -15,7 +15,10 @@ nothing of their own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +118,8 @@ def _infer(model: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[Any, list
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         try:
-            symbolic = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True)
+            with _elsewhere():  # where it fails, it leaves a model file in the working folder
+                symbolic = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True)
         except Exception as exc:  # its own errors are bare Exceptions
             notes.append(f"symbolic shape inference failed ({exc})")
         else:
@@ -126,6 +130,18 @@ def _infer(model: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[Any, list
     if missing:
         notes.append(f"{len(missing)} tensors without a static shape count 0 bytes: {missing[:3]}")
     return inferred, notes
+
+
+@contextlib.contextmanager
+def _elsewhere() -> Iterator[None]:
+    """Run in a temporary working folder (removed after)."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(here)
 
 
 def _types(model: Any) -> dict[str, tuple[np.dtype[Any], tuple[int, ...] | None]]:
