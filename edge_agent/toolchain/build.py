@@ -94,6 +94,8 @@ class BuildRequest:
     profile: DeviceProfile | None = None
     description: str = ""
     license: str = ""
+    source_note: str = ""  # where the model comes from, for the manifest's ``source``
+    evaluation_note: dict[str, Any] = field(default_factory=dict)  # data set, split, metric
     force: bool = False
     # ready-made variants to verify and ship beside the built ones: (format, precision, bytes)
     extra_variants: tuple[tuple[str, str, bytes], ...] = ()
@@ -442,9 +444,10 @@ def _write(
         preprocessing=pre,
         golden_file="golden.npz",
         evaluation_file=heldout,
-        source=(package.source if package and package.source else str(request.source.name)),
+        source=request.source_note
+        or (package.source if package and package.source else str(request.source.name)),
         license=request.license or (package.license if package else ""),
-        extra={"build": {**info, "tolerance": request.tolerance.to_dict(), **request.extra}},
+        extra=_extra(request, info, heldout),
     )
     built.write_manifest()
     say(f"wrote {root}")
@@ -459,6 +462,15 @@ def _write(
         "source_p50_ms": source_ms,
         "variants": rows_out,
     }
+
+
+def _extra(request: BuildRequest, info: dict[str, Any], heldout: str | None) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "build": {**info, "tolerance": request.tolerance.to_dict(), **request.extra}
+    }
+    if heldout is not None and request.evaluation_note:
+        extra["evaluation"] = dict(request.evaluation_note)
+    return extra
 
 
 def _specs(candidate: _Candidate, what: str, options: RuntimeOptions) -> Any:
