@@ -209,3 +209,64 @@ def test_ppocr_det_int8_against_fp32(fetched: ModelRepository, tmp_path: Path) -
     assert variants["onnx-int8"]["benchmark"]["speedup_vs_fp32"] > 0
     package = load_package(out / "ppocr" / "1")
     assert package.task == "segmentation" and package.preprocessing is not None
+
+
+def test_a_built_package_is_served_published_and_run(
+    repository: ModelRepository, tmp_path: Path
+) -> None:
+    """digits-light rebuilt (its TFLite INT8 export verified beside the built variants):
+    the gateway serves it, `cloud-gateway models publish` takes it as it is, and the
+    agent runs it."""
+    import tritonclient.http as thttp
+
+    from .support.gateway import start_gateway
+
+    light = repository.get("digits-light")
+    tflite = light.read_variant(light.variant("tflite-int8"))
+    repo = tmp_path / "repo"
+    inputs, labels = light.evaluation()
+    calibration = Dataset(tuple({"pixels": inputs[i : i + 1].astype(np.float32)} for i in range(40)))
+    request = BuildRequest(
+        source=light.root, name="digits", version=3, out=repo, calibration=calibration,
+        methods=("MinMax",), bench=QUICK, extra_variants=(("tflite", "int8", tflite),),
+    )  # fmt: skip
+    report = build_package(request, say=lambda _: None)
+    built = load_package(repo / "digits" / "3")
+    assert [v.id for v in built.variants] == ["onnx-fp32", "onnx-fp16", "onnx-int8", "tflite-int8"]
+    assert built.variant("tflite-int8").sha256 == light.variant("tflite-int8").sha256
+    assert all((v.accuracy or 0) >= 0.9 for v in built.variants), report["variants"]
+    assert np.array_equal(built.evaluation()[1], labels)
+
+    handle = start_gateway(tmp_path / "gateway", repo, poll_interval_s=0.0)
+    try:
+        client = thttp.InferenceServerClient(handle.http_url.removeprefix("http://"))
+        item = thttp.InferInput("pixels", [4, 64], "FP32")
+        item.set_data_from_numpy(inputs[:4].astype(np.float32))
+        answer = client.infer("digits", [item], headers=handle.headers())
+        scores = answer.as_numpy("probabilities")
+        assert list(np.argmax(scores, axis=1)) == list(built.golden().outputs["probabilities"][:4].argmax(1))
+    finally:
+        handle.thread.stop()
+
+    keys, ota, state = tmp_path / "keys", tmp_path / "ota", tmp_path / "state"
+    gateway = [sys.executable, "-m", "cloud_gateway", "--state-dir", str(state)]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([*gateway, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    run("keys", "init", "--dir", str(keys))
+    run("ota", "init", "--repository", str(ota), "--keys", str(keys))
+    run("device", "add", "cam-01", "--group", "cams", "--repository", str(ota))
+    published = run(
+        "models", "publish", "--repository", str(ota), "--keys", str(keys), "--name", "digits",
+        "--version", "3", "--file", str(repo / "digits" / "3" / "model.int8.onnx"), "--group", "cams",
+    )  # fmt: skip
+    assert "published digits v3" in published.stdout
+    np.save(tmp_path / "row.npy", inputs[7].astype(np.float32))
+    result = cli("infer", "--model-dir", str(repo), "--model", "digits", "--profile",
+                 "generic-x86_64", "--input", str(tmp_path / "row.npy"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["variant"] == "onnx-int8" and answer["top_k"][0][0]["label"] == str(labels[7])

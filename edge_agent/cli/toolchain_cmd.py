@@ -157,6 +157,18 @@ def _labels(path: Path | None) -> tuple[str, ...] | None:
     return tuple(line.strip() for line in lines if line.strip())
 
 
+def _command_line() -> str:
+    """This build's command, as a person would type it again (without ``--json FILE``)."""
+    import shlex
+    import sys
+
+    words = sys.argv[1:]
+    if "--json" in words:
+        at = words.index("--json")
+        words = words[:at] + words[at + 2 :]
+    return shlex.join(["edge-agent", *words])
+
+
 def _build(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -220,6 +232,7 @@ def _build(args: argparse.Namespace) -> int:
     if args.source.is_dir() and not (args.source / MANIFEST).is_file():
         raise PackageError(f"{args.source} is not a package (no {MANIFEST})")
     report = build_package(request)
+    report["command"] = _command_line()
     print(format_build(report))
     if args.json is not None:
         write_json(args.json, report)

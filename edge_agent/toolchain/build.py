@@ -281,8 +281,6 @@ def build_package(request: BuildRequest, say: Any = print) -> dict[str, Any]:
         precision = "int8" if source_figures.cost().flops.get("int8") else (
             package.variants[0].precision if package else "fp32")  # fmt: skip
         candidates.append(_Candidate(f"tflite-{precision}", "tflite", precision, source.data))
-    for fmt, precision, data in request.extra_variants:
-        candidates.append(_Candidate(f"{fmt}-{precision}", fmt, precision, data))
 
     def verify(candidate: _Candidate) -> None:
         session = open_model(candidate.format, candidate.data, request.options)
@@ -310,6 +308,10 @@ def build_package(request: BuildRequest, say: Any = print) -> dict[str, Any]:
             say(f"INT8: {len(tried)} candidates; kept {best.info['int8']}")
             info["int8"] = {"chosen": best.info["int8"], "tried": int8_tried}
             candidates.append(best)
+    for fmt, precision, data in request.extra_variants:
+        extra = _Candidate(f"{fmt}-{precision}", fmt, precision, data)
+        verify(extra)
+        candidates.append(extra)
 
     kept, left_out = [], []
     for candidate in candidates:
@@ -459,6 +461,7 @@ def _write(
         "machine": machine_info(),
         "profile": request.profile.id if request.profile is not None else None,
         "build": info,
+        "input_shape": list(next(iter(shapes.values()))),
         "source_p50_ms": source_ms,
         "variants": rows_out,
     }

@@ -28,6 +28,7 @@ import contextlib
 import io
 import logging
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,12 +172,14 @@ def fp16(
         {n for r in risks for n in (r.producer, *r.consumers) if n} if guard else set()
     )
     model = load_onnx(data)
-    converted = float16.convert_float_to_float16(
-        model,
-        keep_io_types=True,
-        max_finite_val=FP16_MAX,
-        node_block_list=blocked or None,
-    )
+    with warnings.catch_warnings():  # one warning per weight it rounds to FP16's range
+        warnings.simplefilter("ignore", UserWarning)
+        converted = float16.convert_float_to_float16(
+            model,
+            keep_io_types=True,
+            max_finite_val=FP16_MAX,
+            node_block_list=blocked or None,
+        )
     return _serialize(_no_round_trips(_float_outputs(converted))), risks, blocked
 
 
