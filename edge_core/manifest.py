@@ -82,16 +82,20 @@ def _preprocessing(fields: Fields, inputs: tuple[TensorSpec, ...]) -> ImagePrepr
     return pre
 
 
-def _cost(fields: Fields) -> Cost:
-    flops_fields = fields.table("flops")
-    flops = {}
-    for precision in flops_fields.names():
+def _per_precision(fields: Fields) -> dict[str, int]:
+    out = {}
+    for precision in fields.names():
         if precision not in PRECISIONS:
-            raise flops_fields.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
-        flops[precision] = flops_fields.integer(precision, minimum=0)
-    flops_fields.done()
+            raise fields.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
+        out[precision] = fields.integer(precision, minimum=0)
+    fields.done()
+    return out
+
+
+def _cost(fields: Fields) -> Cost:
     cost = Cost(
-        flops=flops,
+        flops=_per_precision(fields.table("flops")),
+        elementwise=_per_precision(fields.table("elementwise", {})),
         memory_bytes=fields.integer("memory_bytes", minimum=0),
         nodes=fields.integer("nodes", minimum=0),
         batch=fields.integer("batch", 1, minimum=1),

@@ -73,19 +73,23 @@ class Tolerance:
 @dataclass(frozen=True)
 class Cost:
     """What one run of a variant costs at ``batch`` (counted by ``edge-agent models
-    build``): operations per compute precision (``fp32``, ``fp16``, ``int8``; a
-    multiply-accumulate is two), the bytes its operators read and write, and the
-    number of operators. A device profile's roofline turns it into a latency
+    build``): the operations of its multiply-accumulating operators (convolutions,
+    matrix products; a multiply-accumulate is two) and those of the others
+    (``elementwise``: one per output element), per compute precision (``fp32``,
+    ``fp16``, ``int8``); the bytes its operators read and write; the number of
+    operators. A device profile's roofline turns it into a latency
     (:mod:`edge_agent.profiles.cost`) without opening the model."""
 
     flops: Mapping[str, int]
     memory_bytes: int
     nodes: int
     batch: int = 1
+    elementwise: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "flops": dict(self.flops),
+            "elementwise": dict(self.elementwise),
             "memory_bytes": self.memory_bytes,
             "nodes": self.nodes,
             "batch": self.batch,

@@ -225,7 +225,9 @@ def test_a_built_package_is_served_published_and_run(
     tflite = light.read_variant(light.variant("tflite-int8"))
     repo = tmp_path / "repo"
     inputs, labels = light.evaluation()
-    calibration = Dataset(tuple({"pixels": inputs[i : i + 1].astype(np.float32)} for i in range(40)))
+    calibration = Dataset(
+        tuple({"pixels": inputs[i : i + 1].astype(np.float32)} for i in range(40))
+    )
     request = BuildRequest(
         source=light.root, name="digits", version=3, out=repo, calibration=calibration,
         methods=("MinMax",), bench=QUICK, extra_variants=(("tflite", "int8", tflite),),
@@ -244,7 +246,9 @@ def test_a_built_package_is_served_published_and_run(
         item.set_data_from_numpy(inputs[:4].astype(np.float32))
         answer = client.infer("digits", [item], headers=handle.headers())
         scores = answer.as_numpy("probabilities")
-        assert list(np.argmax(scores, axis=1)) == list(built.golden().outputs["probabilities"][:4].argmax(1))
+        assert list(np.argmax(scores, axis=1)) == list(
+            built.golden().outputs["probabilities"][:4].argmax(1)
+        )
     finally:
         handle.thread.stop()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,11 @@ def test_gemm_and_matmul_and_the_activation_peak() -> None:
     # at the Gemm: x (4x64) and h (4x32) alive; at the Relu: h and r; at the MatMul: r, y
     assert figures.activation_peak_bytes == 4 * 4 * (64 + 32)
     assert figures.cost() == Cost(
-        flops={"fp32": figures.flops}, memory_bytes=figures.memory_bytes, nodes=3, batch=4
+        flops={"fp32": gemm.flops + matmul.flops},
+        elementwise={"fp32": relu.flops},  # at the element-wise rate, not the MAC peak
+        memory_bytes=figures.memory_bytes,
+        nodes=3,
+        batch=4,
     )
     by_type = {e["op_type"]: e for e in figures.by_op_type()}
     assert by_type["Gemm"]["macs"] == 4 * 64 * 32
@@ -128,6 +133,10 @@ def test_roofline_prediction() -> None:
     memory_bound = Cost(flops={"fp16": 10**6}, memory_bytes=10**9, nodes=0)  # fp16: fp32 figure
     assert predict_ms(memory_bound, figures) == pytest.approx(0.010 + 100.0)
     assert predict_ms(memory_bound, figures, batch=2) == pytest.approx(0.010 + 200.0)
+    slow = replace(figures, elementwise_gops={"fp32": 2.0})  # int8 falls back to it
+    elementwise = Cost(flops={}, elementwise={"int8": 10**9}, memory_bytes=0, nodes=0)
+    assert predict_ms(elementwise, slow) == pytest.approx(0.010 + 500.0)
+    assert predict_ms(elementwise, figures) == pytest.approx(0.010 + 2.5)  # no rate: compute
 
 
 def test_inspect_command_on_a_file_and_a_tflite_package(fetched: ModelRepository) -> None:

@@ -11,6 +11,8 @@ measures)::
 
 - compute: four 3x3 convolutions, 64 -> 64 channels on 56x56 (0.93 GFLOP), in
   FP32, in FP16 (as ONNX Runtime runs FP16 on this CPU) and in INT8 (QDQ);
+- element-wise rate: 20 additions and multiplications by per-channel constants on a
+  [1, 32, 64, 64] tensor, in FP32 and in INT8 (QDQ: ONNX Runtime's QLinearAdd/Mul);
 - bandwidth: an ``Add`` of two 1M-element FP32 tensors (4 MB each, the size of
   the activations of the image models here: what they read and write mostly
   comes from the caches, not from DRAM);
@@ -69,6 +71,30 @@ def conv_model() -> tuple[bytes, dict[str, Array], int]:
     )
     flops = 4 * 2 * 56 * 56 * 64 * 64 * 9
     return data, {"x": rng.normal(0, 1, (1, 64, 56, 56)).astype(np.float32)}, flops
+
+
+def elementwise_chain(length: int = 20) -> tuple[bytes, dict[str, Array], int]:
+    """Additions and multiplications by a per-channel constant, alternating, on a
+    [1, 32, 64, 64] tensor (512 KB: in the caches), as squeeze-excitation scales and
+    h-swish's arithmetic are."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(length):
+        value = rng.uniform(0.5, 1.5, (1, 32, 1, 1)).astype(np.float32)
+        inits.append(numpy_helper.from_array(value, f"c{i}"))
+        nodes.append(helper.make_node("Mul" if i % 2 else "Add", [x, f"c{i}"], [f"t{i}"]))
+        x = f"t{i}"
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    shape = [1, 32, 64, 64]
+    data = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return data, {"x": rng.uniform(0, 1, shape).astype(np.float32)}, length * 32 * 64 * 64
 
 
 def add_model(elements: int) -> tuple[bytes, dict[str, Array]]:
@@ -131,16 +157,24 @@ def main(argv: list[str] | None = None) -> int:
         "fp16": flops / timed(fp16, feeds) / 1e9,
         "int8": flops / timed(int8, feeds) / 1e9,
     }
+    chain, chain_feeds, elements = elementwise_chain()
+    chain8 = convert.int8_static(chain, [chain_feeds], method="MinMax", per_channel=True)
+    elementwise = {
+        "fp32": elements / timed(chain, chain_feeds) / 1e9,
+        "int8": elements / timed(chain8, chain_feeds) / 1e9,
+    }
     add, add_feeds = add_model(1 << 20)
     bandwidth = 3 * 4 * (1 << 20) / timed(add, add_feeds) / 1e9
     tiny, tiny_feeds = add_model(1)
     call_us = timed(tiny, tiny_feeds) * 1e6
-    chain, chain_feeds = relu_chain(200)
-    node_us = max(0.0, (timed(chain, chain_feeds) * 1e6 - call_us) / 200)
+    relus, relu_feeds = relu_chain(200)
+    node_us = max(0.0, (timed(relus, relu_feeds) * 1e6 - call_us) / 200)
     figures = ", ".join(f"{p} = {v:.0f}" for p, v in gops.items())
     print("[cost]")
     print(f'source = "measured here by tools/calibrate_cost.py ({profile.id} runtime options)"')
     print(f"compute_gops = {{ {figures} }}")
+    rates = ", ".join(f"{p} = {v:.1f}" for p, v in elementwise.items())
+    print(f"elementwise_gops = {{ {rates} }}")
     print(f"bandwidth_gbs = {bandwidth:.1f}")
     print("efficiency = 1.0")
     print(f"call_overhead_us = {call_us:.1f}")

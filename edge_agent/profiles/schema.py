@@ -273,19 +273,25 @@ def _thermal(fields: Fields) -> tuple[ThermalZone, ...]:
     return tuple(zones)
 
 
+def _rates(fields: Fields, *, required: bool) -> dict[str, float]:
+    """Operations a second (billions) per precision; ``fp32`` where any is given."""
+    rates = {}
+    for precision in fields.names():
+        if precision not in PRECISIONS:
+            raise fields.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
+        rates[precision] = fields.number(precision, minimum=1e-6)
+    if "fp32" not in rates and (required or rates):
+        raise fields.fail("fp32", "missing (required: the figure other precisions fall back to)")
+    fields.done()
+    return rates
+
+
 def _cost(fields: Fields) -> CostFigures:
     """The optional ``[cost]`` table: the figures of the roofline latency estimate."""
-    compute = fields.table("compute_gops")
-    gops = {}
-    for precision in compute.names():
-        if precision not in PRECISIONS:
-            raise compute.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
-        gops[precision] = compute.number(precision, minimum=1e-6)
-    if "fp32" not in gops:
-        raise compute.fail("fp32", "missing (required: the figure other precisions fall back to)")
-    compute.done()
+    gops = _rates(fields.table("compute_gops"), required=True)
     figures = CostFigures(
         compute_gops=gops,
+        elementwise_gops=_rates(fields.table("elementwise_gops", {}), required=False),
         bandwidth_gbs=fields.number("bandwidth_gbs", minimum=1e-6),
         efficiency=fields.number("efficiency", 1.0, minimum=1e-3, maximum=1.0),
         call_overhead_us=fields.number("call_overhead_us", 0.0, minimum=0.0),

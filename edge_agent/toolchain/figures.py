@@ -82,11 +82,14 @@ class ModelFigures:
     def cost(self) -> Cost:
         """The totals a roofline needs, per compute precision (fused operators left out)."""
         flops: dict[str, int] = {}
+        elementwise: dict[str, int] = {}
         for op in self.ops:
             if not op.fused and op.flops:
-                flops[op.precision] = flops.get(op.precision, 0) + op.flops
+                into = flops if op.macs else elementwise
+                into[op.precision] = into.get(op.precision, 0) + op.flops
         return Cost(
             flops=dict(sorted(flops.items())),
+            elementwise=dict(sorted(elementwise.items())),
             memory_bytes=self.memory_bytes,
             nodes=sum(1 for op in self.ops if not op.fused),
             batch=self.batch,
