@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,20 @@ def test_fp16_overflow_is_found_and_kept_in_fp32(tmp_path: Path, silu: tuple[Pat
     session = open_variant(package, fp16)
     out = session.run(golden.inputs)["y"]
     assert fp16.tolerance.allclose(out, golden.outputs["y"])
+
+
+def test_a_model_too_slow_for_a_larger_batch_is_measured_at_batch_1(
+    silu: tuple[Path, Path],
+) -> None:
+    from edge_agent.toolchain.measure import measure
+
+    data = silu[0].read_bytes()
+    settings = MeasureSettings(rounds=1, seconds_per_round=0.01, call_limit_s=1e-9)
+    item = {"x": np.ones((1, 16), np.float32)}
+    (result,) = measure({"fp32": ("onnx", data)}, item, settings=settings).values()
+    assert result["best_batch"] == 1 and result["items_per_s"] > 0
+    wide = measure({"fp32": ("onnx", data)}, item, settings=replace(settings, call_limit_s=1.0))
+    assert wide["fp32"]["best_batch"] > 1
 
 
 def test_a_variant_out_of_tolerance_is_left_out_with_its_reason(

@@ -26,7 +26,6 @@ __all__ = ["MeasureSettings", "measure"]
 
 Array = np.ndarray[Any, Any]
 BATCHES = (1, 4, 16, 64)
-CALL_LIMIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,7 @@ class MeasureSettings:
     rounds: int = 5
     seconds_per_round: float = 0.2  # per variant
     batches: bool = True  # also measure items/s at larger batches
+    call_limit_s: float = 0.5  # larger batches only while one call stays below this
 
 
 def _batch(item: Mapping[str, Array], size: int) -> dict[str, Array]:
@@ -85,7 +85,8 @@ def measure(
         }
         best = (1, 1000.0 / stats["p50_ms"])
         if settings.batches and _dynamic_batch(session):
-            best = max(best, *_batched(session, item, stats["p50_ms"]), key=lambda b: b[1])
+            batched = _batched(session, item, stats["p50_ms"], settings.call_limit_s)
+            best = max([best, *batched], key=lambda b: b[1])
         entry["best_batch"] = best[0]
         entry["items_per_s"] = round(best[1], 1)
         entry["machine"] = machine_info()
@@ -95,11 +96,11 @@ def measure(
 
 
 def _batched(
-    session: Session, item: Mapping[str, Array], p50_ms: float
+    session: Session, item: Mapping[str, Array], p50_ms: float, limit_s: float
 ) -> Sequence[tuple[int, float]]:
     out = []
     for size in BATCHES[1:]:
-        if size * p50_ms / 1000 > CALL_LIMIT_S:
+        if size * p50_ms / 1000 > limit_s:
             break
         feeds = _batch(item, size)
         call = session.raw_call(feeds)
