@@ -12,8 +12,7 @@
   stays in FP32 (``guard``), and those tensors are reported.
 - INT8 static: QDQ through ``onnxruntime.quantization`` with the calibration
   data and one calibration method (MinMax, Entropy, Percentile), weights per
-  channel or per tensor (Entropy's ranges are computed here with a finer histogram
-  than ``quantize_static`` would use, and passed per tensor); unsigned 8-bit
+  channel or per tensor; unsigned 8-bit
   activations and signed 8-bit weights (ONNX Runtime's fast path on x86 with VNNI
   and on ARM with dot products).
   QDQ with weights per channel needs opset 13: older models are upgraded.
@@ -312,10 +311,6 @@ def int8_static(
         # shapes for the quantizer; the graph was optimized already, and symbolic shape
         # inference refuses graphs whose sizes are computed at run time
         quant_pre_process(str(src), str(pre), skip_optimization=True, skip_symbolic_shape=True)
-        extra: dict[str, Any] = {}
-        if method == "Entropy":
-            extra["TensorQuantOverrides"] = _entropy_ranges(pre, Path(tmp), Reader(items))
-            method = "MinMax"  # the ranges are the entropy ones, given per tensor
         quantize_static(
             str(pre),
             str(dst),
@@ -325,30 +320,8 @@ def int8_static(
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
             calibrate_method=getattr(CalibrationMethod, method),
-            extra_options=extra,
         )
         return dst.read_bytes()
-
-
-def _entropy_ranges(model: Path, tmp: Path, reader: Any) -> dict[str, list[dict[str, Any]]]:
-    """Each activation's range by the entropy (KL divergence) method, as per-tensor
-    overrides. ``quantize_static`` runs its entropy calibrator with 128 histogram bins
-    and 128 quantized bins, where the search can only return the full range (MinMax's);
-    here the histogram has 2048 bins, as TensorRT's entropy calibration uses."""
-    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
-
-    calibrator = create_calibrator(
-        model,
-        augmented_model_path=str(tmp / "entropy.onnx"),
-        calibrate_method=CalibrationMethod.Entropy,
-        extra_options={"num_bins": 2048, "num_quantized_bins": 128},
-    )
-    calibrator.collect_data(reader)
-    ranges = calibrator.compute_data()
-    return {
-        name: [{"rmin": np.float32(low), "rmax": np.float32(high)}]
-        for name, (low, high) in ((n, ranges[n].range_value) for n in ranges.data)
-    }
 
 
 def int8_dynamic(data: bytes) -> bytes:
