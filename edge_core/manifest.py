@@ -19,6 +19,7 @@ from edge_core.package import (
     MANIFEST,
     PRECISIONS,
     TASKS,
+    Cost,
     ImagePreprocessing,
     ManifestError,
     ModelPackage,
@@ -27,7 +28,7 @@ from edge_core.package import (
 )
 from edge_core.tensors import DATATYPES, TensorSpec
 
-__all__ = ["load_package", "package_from_files", "parse_manifest"]
+__all__ = ["load_package", "package_from_files", "parse_manifest", "parse_preprocessing"]
 
 
 def _tensor_specs(fields: Fields, key: str) -> tuple[TensorSpec, ...]:
@@ -81,6 +82,50 @@ def _preprocessing(fields: Fields, inputs: tuple[TensorSpec, ...]) -> ImagePrepr
     return pre
 
 
+def _per_precision(fields: Fields) -> dict[str, int]:
+    out = {}
+    for precision in fields.names():
+        if precision not in PRECISIONS:
+            raise fields.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
+        out[precision] = fields.integer(precision, minimum=0)
+    fields.done()
+    return out
+
+
+def _cost(fields: Fields) -> Cost:
+    cost = Cost(
+        flops=_per_precision(fields.table("flops")),
+        elementwise=_per_precision(fields.table("elementwise", {})),
+        memory_bytes=fields.integer("memory_bytes", minimum=0),
+        nodes=fields.integer("nodes", minimum=0),
+        batch=fields.integer("batch", 1, minimum=1),
+    )
+    fields.done()
+    return cost
+
+
+def _object(fields: Fields, key: str) -> dict[str, Any] | None:
+    """An informative table, kept as written (what a build measured)."""
+    if not fields.has(key):
+        return None
+    value = fields.raw(key)
+    if not isinstance(value, dict):
+        raise fields.fail(key, "expected an object")
+    return value
+
+
+def parse_preprocessing(
+    data: Mapping[str, Any], inputs: tuple[TensorSpec, ...], path: Path
+) -> ImagePreprocessing:
+    """A ``preprocessing`` table read from its own file (``type`` defaults to ``image``).
+
+    Raises:
+        ManifestError: a field is wrong; the message names the file and the field.
+    """
+    fields = Fields({"type": "image", **data}, path=path, error=ManifestError)
+    return _preprocessing(fields, inputs)
+
+
 def _variants(fields: Fields) -> tuple[Variant, ...]:
     variants = []
     for item in fields.tables("variants"):
@@ -107,6 +152,9 @@ def _variants(fields: Fields) -> tuple[Variant, ...]:
                 size=item.integer("size", minimum=0),
                 accuracy=item.number("accuracy", None, minimum=0.0, maximum=1.0),
                 tolerance=tolerance,
+                cost=_cost(item.table("cost")) if item.has("cost") else None,
+                verification=_object(item, "verification"),
+                benchmark=_object(item, "benchmark"),
             )
         )
         item.done()
@@ -165,6 +213,10 @@ def parse_manifest(data: dict[str, Any], root: Path, *, check_folder: bool = Tru
     evaluation = fields.table("evaluation", None)
     evaluation_file = evaluation.string("file", None)
     evaluation_meta = {k: evaluation.raw(k) for k in evaluation.names() if k != "file"}
+    extra: dict[str, Any] = {"evaluation": evaluation_meta} if evaluation_meta else {}
+    build = _object(fields, "build")
+    if build is not None:
+        extra["build"] = build
     package = ModelPackage(
         root=root,
         name=name,
@@ -180,7 +232,7 @@ def parse_manifest(data: dict[str, Any], root: Path, *, check_folder: bool = Tru
         description=fields.string("description", ""),
         source=fields.string("source", ""),
         license=fields.string("license", ""),
-        extra={"evaluation": evaluation_meta} if evaluation_meta else {},
+        extra=extra,
     )
     fields.done()
     if check_folder and is_decimal(root.name) and int(root.name) != version:

@@ -41,6 +41,7 @@ __all__ = [
     "FORMATS",
     "MANIFEST",
     "PRECISIONS",
+    "Cost",
     "Golden",
     "ImagePreprocessing",
     "ModelPackage",
@@ -70,8 +71,40 @@ class Tolerance:
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What one run of a variant costs at ``batch`` (counted by ``edge-agent models
+    build``): the operations of its multiply-accumulating operators (convolutions,
+    matrix products; a multiply-accumulate is two) and those of the others
+    (``elementwise``: one per output element), per compute precision (``fp32``,
+    ``fp16``, ``int8``); the bytes its operators read and write; the number of
+    operators. A device profile's roofline turns it into a latency
+    (:mod:`edge_agent.profiles.cost`) without opening the model."""
+
+    flops: Mapping[str, int]
+    memory_bytes: int
+    nodes: int
+    batch: int = 1
+    elementwise: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flops": dict(self.flops),
+            "elementwise": dict(self.elementwise),
+            "memory_bytes": self.memory_bytes,
+            "nodes": self.nodes,
+            "batch": self.batch,
+        }
+
+
+@dataclass(frozen=True)
 class Variant:
-    """One runnable file of a model: a format and a precision."""
+    """One runnable file of a model: a format and a precision.
+
+    ``cost`` is what a run costs (for a latency prediction); ``verification``
+    (its agreement with the FP32 variant) and ``benchmark`` (its latency on the
+    machine that built it, which it names) are what the build measured, kept as
+    written.
+    """
 
     id: str
     format: str
@@ -81,6 +114,9 @@ class Variant:
     size: int
     accuracy: float | None = None
     tolerance: Tolerance = field(default_factory=Tolerance)
+    cost: Cost | None = None
+    verification: Mapping[str, Any] | None = None
+    benchmark: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -94,6 +130,12 @@ class Variant:
         if self.accuracy is not None:
             out["accuracy"] = self.accuracy
         out["tolerance"] = {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol}
+        if self.cost is not None:
+            out["cost"] = self.cost.to_dict()
+        if self.verification is not None:
+            out["verification"] = dict(self.verification)
+        if self.benchmark is not None:
+            out["benchmark"] = dict(self.benchmark)
         return out
 
 
@@ -293,6 +335,8 @@ class ModelPackage:
             out["source"] = self.source
         if self.license:
             out["license"] = self.license
+        if "build" in self.extra:
+            out["build"] = self.extra["build"]
         return out
 
     def write_manifest(self) -> Path:

@@ -140,3 +140,43 @@ def test_the_command_line_and_the_service_resolve_the_same_profile(tmp_path: Pat
         from_cli = agent_settings(args)[1]
         from_service = service_profile(load_agent_config(config))
         assert from_cli.id == from_service.id == "my-box"
+
+
+def test_an_untimed_model_is_expected_to_take_its_predicted_latency() -> None:
+    """Before its first run the policy weighs a model's roofline prediction (its cost in
+    the manifest on the profile's figures), not a fixed guess: a model predicted too slow
+    for the deadline goes to the cloud on its first request."""
+    import time
+
+    from edge_agent.agent import DEFAULT_POLICY
+    from edge_agent.agent.facts import FactSheet
+    from edge_agent.policy import decide, load_policy
+    from edge_agent.policy.reasons import Reason
+    from edge_agent.privacy import Findings
+    from edge_agent.profiles.cost import predict_ms
+    from edge_agent.profiles.state import DeviceState
+    from edge_core.package import Cost
+
+    profile = ProfileStore(PROFILES).get("generic-x86_64")
+    assert profile.cost is not None
+    heavy = Cost(flops={"fp32": 4 * 10**10}, memory_bytes=10**8, nodes=300)  # ~0.6 s here
+    package = replace(LIGHT, variants=tuple(replace(v, cost=heavy) for v in LIGHT.variants))
+
+    class One:
+        def get(self, name: str) -> ModelPackage:
+            return package
+
+    models = LocalModels(profile, One())
+    facts = FactSheet(models, None, online=lambda: True)
+    deadline = time.monotonic() + 0.2
+    untimed = facts.of("digits-light", None, Findings(), deadline, DeviceState())
+    assert untimed.local_ms == pytest.approx(predict_ms(heavy, profile.cost))
+    assert untimed.local_ms > 200
+    cloud = replace(untimed, remote_ms=20.0, gateway=True)  # a gateway answering in 20 ms
+    decision = decide(cloud, load_policy(DEFAULT_POLICY))
+    assert decision.action == Action.OFFLOAD and decision.reason == Reason.DEADLINE_LOCAL_TOO_SLOW
+    # a manifest without cost figures (or a profile without compute figures): no prior
+    assert LocalModels(profile, Copies()).prior_ms(LIGHT.variants[0]) is None
+    models.get("digits-light")  # loaded and timed once: the measurement takes over
+    timed = facts.of("digits-light", None, Findings(), deadline, DeviceState())
+    assert timed.local_ms is not None and timed.local_ms < 50

@@ -184,3 +184,51 @@ def test_make_bench_stamps_a_run_and_renders_every_json(tmp_path: Path) -> None:
     page = out.read_text()
     assert "2025-01-02T03:04:05+00:00" in page and "![Offload round trip](offload.png)" in page
     assert (out.parent / "offload.png").read_bytes() == b"\x89PNG"
+
+
+def _build(int8_ms: float, iou: float) -> dict[str, Any]:
+    def variant(name: str, ms: float, speedup: float, metric: float) -> dict[str, Any]:
+        bench = {
+            "p50_ms": ms,
+            "speedup_vs_fp32": speedup,
+            "items_per_s": 1000 / ms,
+            "best_batch": 1,
+        }
+        return {"variant": name, "nodes": 328, "benchmark": bench, "predicted_ms": 45.0,
+                "verification": {"iou": metric, "mean_abs_error": 0.004}}  # fmt: skip
+
+    return {
+        "benchmark": "build",
+        "model": "ppocr-det",
+        "version": 2,
+        "command": "edge-agent models build models/ppocr-det/1 --name ppocr-det",
+        "machine": {"machine": "x86_64", "cpus": 2},
+        "input_shape": [1, 3, 480, 640],
+        "build": {
+            "source": "models/ppocr-det/1",
+            "optimization": {"nodes": {"before": 672, "after": 328}},
+        },
+        "variants": [
+            variant("onnx-fp32", 60.0, 1.0, 1.0),
+            variant("onnx-int8", int8_ms, round(60 / int8_ms, 2), iou),
+        ],
+        "left_out": [],
+        "recorded": RECORDED,
+    }
+
+
+def test_p12_is_judged_from_the_build_of_ppocr_det() -> None:
+    page = _page(ppocr=_build(50.0, 0.8))
+    assert (
+        "edge-agent models build models/ppocr-det/1 --name ppocr-det --json bench-results/ppocr.json"
+        in page
+    )
+    assert "672 -> 328 nodes" in page
+    top = page[page.index("## Targets") :].split("\n## ")[0]
+    p12 = next(line for line in top.splitlines() if line.startswith("| P12"))
+    assert "INT8 1.2x FP32 at batch 1 (50.0 against 60.0 ms), map IoU 0.800" in p12
+    assert p12.endswith("| **missed** |")
+    assert _page(ppocr=_build(30.0, 0.95)).count("**missed**") == 0
+    refused = _build(30.0, 0.95)
+    refused["left_out"] = [{"variant": "onnx-int8", "reason": "IoU 0.8 < 0.9"}]
+    assert "INT8 left out (IoU 0.8 < 0.9)" in _page(ppocr=refused)

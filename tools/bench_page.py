@@ -90,6 +90,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         "edge-agent bench privacy",
         "edge_agent.bench.faces:format_privacy",
     ),
+    "build": Benchmark("Model build", "{command}", "edge_agent.toolchain.report:format_build"),
 }
 
 
@@ -173,7 +174,8 @@ def _anchor(name: str) -> str:
 def _title(kind: str, report: Report) -> str:
     benchmark = BENCHMARKS.get(kind)
     title = benchmark.title if benchmark else f"Benchmark {kind!r}"
-    return f"{title}: {report['model']}" if kind == "runtime" and "model" in report else title
+    named = kind in ("runtime", "build") and "model" in report
+    return f"{title}: {report['model']}" if named else title
 
 
 def _machine(report: Report) -> str:
@@ -215,7 +217,9 @@ def _command(kind: str, report: Report, name: str) -> str:
     if benchmark is None:
         return f"`bench-results/{name}.json`"
     command = benchmark.command.format(
-        model=report.get("model", "?"), profile=report.get("profile", "?")
+        model=report.get("model", "?"),
+        profile=report.get("profile", "?"),
+        command=report.get("command", "?"),
     )
     return f"`{command} --json bench-results/{name}.json` (`make bench-{name}`)"
 

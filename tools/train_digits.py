@@ -14,28 +14,28 @@ The data is scikit-learn's bundled ``load_digits`` (8x8 grey digits, values
 is never trained on and every accuracy in the manifests is measured on it.
 
 - ``digits-light``: an MLP (64 -> 32 -> 10) for devices. Variants: ONNX FP32,
-  FP16, INT8 (static, calibrated through ``onnxruntime.quantization``) and
-  TFLite FP32 and full-integer INT8 (TensorFlow's converter).
+  FP16, INT8 (``edge-agent models build``: static, calibrated through
+  ``onnxruntime.quantization``) and TFLite FP32 and full-integer INT8
+  (TensorFlow's converter; verified and measured by the same build).
 - ``digits-heavy``: a CNN for the cloud. The 8x8 digit is upsampled to 32x32
   and goes through six 3x3 convolutions (~152 M multiply-adds), so compute
   dominates a single request (over 1 ms at batch 1 on one x86 core), as it
   would for a real cloud model. Dynamic batch dimension. ONNX FP32 and INT8.
 
-Both models are trained with Keras; the ONNX graphs are written from the
+Both models are trained with Keras; the FP32 ONNX graphs are written from the
 trained weights with ``onnx.helper`` (a handful of standard operators) and the
-tool checks that ONNX Runtime reproduces Keras' outputs before writing
-anything. The 1/16 input scaling is folded into the first layer's weights,
+tool checks that ONNX Runtime reproduces Keras' outputs before the toolchain
+(:mod:`edge_agent.toolchain.build`) makes the package: the same steps as for
+any model brought by a user. The 1/16 input scaling is folded into the first layer's weights,
 so the models take the data set's raw 0..16 values.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_core.package import ImagePreprocessing, ModelPackage, Tolerance, Variant
-from edge_core.tensors import TensorSpec
+from edge_core.package import ImagePreprocessing
 
 SEED = 0
 HELDOUT_SHARE = 0.2
@@ -53,11 +52,15 @@ INPUT = "pixels"
 OUTPUT = "probabilities"
 LABELS = tuple(str(d) for d in range(10))
 ONNX_OPSET = 17
-# Floors of the golden-output tolerances: a variant's outputs may differ from
-# the FP32 reference by this much on any machine (rounding of FP16, integer
-# kernels that differ by one quantum across CPUs), on top of twice the
-# difference measured here.
-TOLERANCE_FLOOR = {"fp32": 1e-5, "fp16": 2e-3, "int8": 1.0 / 64}
+PREPROCESSING = ImagePreprocessing(
+    input=INPUT,
+    color="gray",
+    size=(8, 8),
+    interpolation="area",
+    value_range=(0.0, 16.0),
+    layout="NF",
+    fit="box",
+)
 
 Array = np.ndarray[Any, Any]
 
@@ -142,7 +145,8 @@ def train_heavy(x: Array, y: Array) -> Any:
 
 
 class OnnxWriter:
-    """Writes a Keras Sequential model of the few layer kinds used here as ONNX."""
+    """Writes a Keras Sequential model of the few layer kinds used here as ONNX (the
+    packages take the FP32 export; the toolchain converts it to FP16)."""
 
     def __init__(self, dtype: str) -> None:
         from onnx import TensorProto
@@ -247,41 +251,6 @@ class OnnxWriter:
         raise TypeError(f"no ONNX translation for activation {name}")
 
 
-def quantize_onnx(fp32: bytes, calibration: Array) -> bytes:
-    """Static INT8 (QDQ, per-channel weights) calibrated on ``calibration``."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.items: Iterator[dict[str, Array]] = iter(
-                {INPUT: calibration[i : i + 1]} for i in range(len(calibration))
-            )
-
-        def get_next(self) -> dict[str, Array] | None:
-            return next(self.items, None)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src, pre, dst = (Path(tmp) / n for n in ("fp32.onnx", "pre.onnx", "int8.onnx"))
-        src.write_bytes(fp32)
-        quant_pre_process(str(src), str(pre))
-        quantize_static(
-            str(pre),
-            str(dst),
-            Reader(),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-        )
-        return dst.read_bytes()
-
-
 # -- TFLite export ---------------------------------------------------------------
 
 
@@ -331,125 +300,66 @@ def export_tflite(model: Any, calibration: Array | None) -> bytes:
     return bytes(converter.convert())
 
 
-# -- running the exports (directly on the libraries, independent of edge_agent) ---
+# -- packages: through the toolchain (`edge-agent models build`) --------------------
 
 
-def onnx_runner(data: bytes) -> Callable[[Array], Array]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    return lambda x: session.run([OUTPUT], {INPUT: x.astype(np.float32)})[0]
-
-
-def tflite_runner(data: bytes) -> Callable[[Array], Array]:
-    from ai_edge_litert.interpreter import Interpreter
-
-    interpreter = Interpreter(model_content=data)
-    runner = interpreter.get_signature_runner()
-    inp = runner.get_input_details()[INPUT]
-    out = runner.get_output_details()[OUTPUT]
-
-    def run(x: Array) -> Array:
-        rows = []
-        for row in x.astype(np.float32):
-            item = row[None, :]
-            if inp["dtype"] != np.float32:
-                scale, zero = inp["quantization"]
-                item = np.clip(np.round(item / scale) + zero, -128, 127).astype(inp["dtype"])
-            y = runner(**{INPUT: item})[OUTPUT]
-            if out["dtype"] != np.float32:
-                scale, zero = out["quantization"]
-                y = (y.astype(np.float32) - zero) * scale
-            rows.append(y[0])
-        return np.stack(rows)
-
-    return run
-
-
-# -- packages --------------------------------------------------------------------
-
-
-def write_package(
+def package(
     out: Path,
     name: str,
     description: str,
-    exports: dict[tuple[str, str], bytes],
-    x_test: Array,
-    y_test: Array,
-) -> ModelPackage:
-    root = out / name / "1"
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    golden_inputs = x_test[:GOLDEN_COUNT]
-    runners = {
-        key: (onnx_runner if key[0] == "onnx" else tflite_runner)(data)
-        for key, data in exports.items()
-    }
-    reference = runners[("onnx", "fp32")](golden_inputs)
-    variants = []
-    for (fmt, precision), data in exports.items():
-        run = runners[(fmt, precision)]
-        accuracy = float(np.mean(np.argmax(run(x_test), axis=1) == y_test))
-        worst = float(np.max(np.abs(run(golden_inputs) - reference)))
-        atol = max(TOLERANCE_FLOOR[precision], round(2 * worst, 6))
-        file = f"model.{precision}.{fmt}"
-        (root / file).write_bytes(data)
-        variants.append(
-            Variant(
-                id=f"{fmt}-{precision}",
-                format=fmt,
-                precision=precision,
-                file=file,
-                sha256=hashlib.sha256(data).hexdigest(),
-                size=len(data),
-                accuracy=round(accuracy, 4),
-                tolerance=Tolerance(atol=atol, rtol=0.0),
+    fp32: bytes,
+    extra: dict[tuple[str, str], bytes],
+    precisions: tuple[str, ...],
+    split: tuple[Array, Array, Array, Array],
+) -> None:
+    """Build ``name`` from its FP32 ONNX export as any model author would: ``models
+    build`` optimizes, converts and quantizes (calibrated on 200 training digits),
+    verifies every variant (the TFLite exports too) against FP32 on the held-out split,
+    measures, and writes the package."""
+    from edge_agent.toolchain.build import BuildRequest, build_package
+    from edge_agent.toolchain.data import Dataset
+
+    x_train, x_test, _, y_test = split
+
+    def items(x: Array) -> tuple[dict[str, Array], ...]:
+        return tuple({INPUT: x[i : i + 1].astype(np.float32)} for i in range(len(x)))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "model.fp32.onnx"
+        source.write_bytes(fp32)
+        build_package(
+            BuildRequest(
+                source=source,
+                name=name,
+                version=1,
+                out=out,
+                calibration=Dataset(items(x_train[:200]), None, "200 training digits"),
+                evaluation=Dataset(items(x_test), y_test, f"{len(y_test)} held-out digits"),
+                preprocessing=PREPROCESSING,
+                task="classification",
+                labels=LABELS,
+                precisions=precisions,
+                golden_count=GOLDEN_COUNT,
+                description=description,
+                license="Apache-2.0",
+                source_note="tools/train_digits.py (scikit-learn load_digits)",
+                evaluation_note={
+                    "dataset": "sklearn.datasets.load_digits",
+                    "split": f"held-out {HELDOUT_SHARE:.0%}, stratified, random_state={SEED}",
+                    "metric": "top-1 accuracy",
+                    "samples": len(y_test),
+                },
+                extra_variants=tuple((fmt, p, data) for (fmt, p), data in extra.items()),
+                force=True,
             )
         )
-        print(f"{name:13} {fmt}-{precision:5} accuracy {accuracy:.4f}  size {len(data):>8}")
-    golden: dict[str, Any] = {f"input:{INPUT}": golden_inputs, f"output:{OUTPUT}": reference}
-    np.savez_compressed(root / "golden.npz", **golden)
-    np.savez_compressed(root / "heldout.npz", inputs=x_test.astype(np.uint8), labels=y_test)
-    package = ModelPackage(
-        root=root,
-        name=name,
-        version=1,
-        task="classification",
-        description=description,
-        inputs=(TensorSpec(INPUT, "FP32", (-1, 64)),),
-        outputs=(TensorSpec(OUTPUT, "FP32", (-1, 10)),),
-        variants=tuple(variants),
-        labels=LABELS,
-        preprocessing=ImagePreprocessing(
-            input=INPUT,
-            color="gray",
-            size=(8, 8),
-            interpolation="area",
-            value_range=(0.0, 16.0),
-            layout="NF",
-            fit="box",
-        ),
-        golden_file="golden.npz",
-        evaluation_file="heldout.npz",
-        source="tools/train_digits.py (scikit-learn load_digits)",
-        license="Apache-2.0",
-        extra={
-            "evaluation": {
-                "dataset": "sklearn.datasets.load_digits",
-                "split": f"held-out {HELDOUT_SHARE:.0%}, stratified, random_state={SEED}",
-                "metric": "top-1 accuracy",
-                "samples": len(y_test),
-            }
-        },
-    )
-    package.write_manifest()
-    return package
 
 
 def check_onnx_matches_keras(model: Any, onnx_fp32: bytes, x: Array) -> None:
+    from edge_core.runtime import open_model
+
     expected = model.predict(x / 16.0, verbose=0)
-    actual = onnx_runner(onnx_fp32)(x)
+    actual = open_model("onnx", onnx_fp32).run({INPUT: x.astype(np.float32)})[OUTPUT]
     worst = float(np.max(np.abs(expected - actual)))
     if worst > 1e-4:
         raise SystemExit(f"ONNX export differs from Keras by {worst}")
@@ -464,42 +374,39 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    x_train, x_test, y_train, y_test = load_split()
+    split = load_split()
+    x_train, x_test, y_train, _ = split
     calibration = x_train[:200]
 
     if args.only in (None, "light"):
         light = train_light(x_train, y_train)
         fp32 = OnnxWriter("fp32").write(light, "digits_light")
         check_onnx_matches_keras(light, fp32, x_test)
-        write_package(
+        package(
             args.out,
             "digits-light",
             "A small MLP (64-32-10) that classifies 8x8 digits on the device.",
+            fp32,
             {
-                ("onnx", "fp32"): fp32,
-                ("onnx", "fp16"): OnnxWriter("fp16").write(light, "digits_light"),
-                ("onnx", "int8"): quantize_onnx(fp32, calibration),
                 ("tflite", "fp32"): export_tflite(light, None),
                 ("tflite", "int8"): export_tflite(light, calibration),
             },
-            x_test,
-            y_test,
+            ("fp32", "fp16", "int8"),
+            split,
         )
     if args.only in (None, "heavy"):
         heavy = train_heavy(x_train, y_train)
         fp32 = OnnxWriter("fp32").write(heavy, "digits_heavy")
         check_onnx_matches_keras(heavy, fp32, x_test)
-        write_package(
+        package(
             args.out,
             "digits-heavy",
             "A CNN (digits upsampled to 32x32, six 3x3 convolutions) that classifies "
             "8x8 digits in the cloud; compute dominates a single request.",
-            {
-                ("onnx", "fp32"): fp32,
-                ("onnx", "int8"): quantize_onnx(fp32, calibration),
-            },
-            x_test,
-            y_test,
+            fp32,
+            {},
+            ("fp32", "int8"),
+            split,
         )
     return 0
 

@@ -1,8 +1,9 @@
 """The facts the policy decides on, gathered for one request: can the device run
-the model and does it fit; latency estimates (local, and the cloud's round
-trip per model) and the requests already running locally; the time left;
-heat and load; whether a gateway is configured, the link is up and the
-breaker closed. The decision itself (:func:`edge_agent.policy.decide`) is pure.
+the model and does it fit; latency estimates (local: measured, or predicted from
+the variant's cost before its first run; and the cloud's round trip per model) and
+the requests already running locally; the time left; heat and load; whether a
+gateway is configured, the link is up and the breaker closed. The decision itself
+(:func:`edge_agent.policy.decide`) is pure.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class FactSheet:
             findings=findings.kinds,
             on_device=variant is not None,
             fits_memory=variant is None or local is not None or self.models.fits(variant, model),
-            local_ms=local.estimate.value if local is not None else None,
+            local_ms=local.estimate.value if local is not None else self.models.prior_ms(variant),
             local_queue=local.running if local is not None else 0,
             remote_ms=self.remote_ms(model),
             deadline_ms=(deadline - self._clock()) * 1000,

@@ -133,7 +133,8 @@ class Fallback:
                 local = self.models.get(name, timing)
             except EdgeError:
                 continue
-            return (local.estimate.value or UNTIMED_LOCAL_MS) / 1000
+            estimate = local.estimate.value or self.models.prior_ms(local.variant)
+            return (estimate or UNTIMED_LOCAL_MS) / 1000
         return 0.0
 
     def answer(

@@ -12,6 +12,11 @@ whether one more fits the profile's memory budget.
 - the loaded models (:class:`LocalModel`), each with its latency estimate and
   the requests running on it now.
 
+Before a model has been timed, its latency prior is the roofline prediction of
+its variant's cost (counted by ``models build``, in the manifest) on the
+profile's compute and bandwidth figures (:func:`prior_ms`); the fixed
+:data:`UNTIMED_LOCAL_MS` only where either is missing.
+
 Loading one model does not hold up requests for the others; a request that
 waits for a model to load is told how long (its latency leaves that out).
 """
@@ -30,6 +35,7 @@ import numpy as np
 
 from edge_agent.agent.sources import ModelSource
 from edge_agent.policy import LatencyEstimate
+from edge_agent.profiles.cost import predict_ms
 from edge_agent.profiles.schema import DeviceProfile
 from edge_core.errors import EdgeError, ModelNotFoundError, NoVariantError
 from edge_core.names import is_model_name
@@ -44,7 +50,8 @@ log = logging.getLogger(__name__)
 Array = np.ndarray[Any, Any]
 # A loaded model holds about its file's size once more in the runtime's own structures.
 MEMORY_FACTOR = 2.0
-# What the local fallback is assumed to need before it has been timed.
+# What the local fallback is assumed to need before it has been timed, when neither its
+# manifest gives its cost nor the profile its compute figures.
 UNTIMED_LOCAL_MS = 50.0
 # Names looked up and not found, remembered (a cloud-only model is asked for on every
 # request); the oldest are forgotten.
@@ -148,6 +155,13 @@ class LocalModels:
         with self._lock:
             self._best[key] = (package, best)
         return best
+
+    def prior_ms(self, variant: Variant | None) -> float | None:
+        """The latency ``variant`` is predicted to take here before it has been timed:
+        its cost on the profile's roofline (``None`` when either is unknown)."""
+        if variant is None or variant.cost is None or self.profile.cost is None:
+            return None
+        return predict_ms(variant.cost, self.profile.cost)
 
     def fits(self, variant: Variant, name: str) -> bool:
         """Whether ``variant`` of ``name`` fits the memory budget beside the others loaded."""

@@ -25,6 +25,7 @@ from edge_agent.cli import (
     run_cmd,
     service_cmd,
     stream_cmd,
+    toolchain_cmd,
     update_cmd,
 )
 from edge_agent.cli.common import PROG
@@ -46,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     profile_cmd.register(commands)
-    update_cmd.register(commands, models_cmd.register(commands))
+    models = models_cmd.register(commands)
+    toolchain_cmd.register(models)
+    update_cmd.register(commands, models)
     infer_cmd.register(commands)
     policy_cmd.register(commands)
     redact_cmd.register(commands)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.config import DETECTORS
+from edge_agent.profiles.cost import CostFigures
 from edge_core.errors import ProfileError
 from edge_core.fields import Fields, load_document
 from edge_core.package import FORMATS, PRECISIONS
@@ -115,6 +116,7 @@ class DeviceProfile:
     offload: OffloadPreferences
     latency_budget_ms: float | None = None  # a new model's smoke test must run within it
     privacy: PrivacyPreferences = field(default_factory=PrivacyPreferences)
+    cost: CostFigures | None = None  # compute and bandwidth, for latency predictions
     source: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -165,6 +167,7 @@ class DeviceProfile:
             "thermal_zones": [vars(zone) for zone in self.thermal_zones],
             "offload": vars(self.offload),
             "privacy": {k: v for k, v in vars(self.privacy).items() if v is not None},
+            "cost": self.cost.to_dict() if self.cost is not None else None,
             "source": str(self.source) if self.source else None,
         }
 
@@ -284,6 +287,35 @@ def _thermal(fields: Fields) -> tuple[ThermalZone, ...]:
     return tuple(zones)
 
 
+def _rates(fields: Fields, *, required: bool) -> dict[str, float]:
+    """Operations a second (billions) per precision; ``fp32`` where any is given."""
+    rates = {}
+    for precision in fields.names():
+        if precision not in PRECISIONS:
+            raise fields.fail(precision, f"expected one of {', '.join(PRECISIONS)}")
+        rates[precision] = fields.number(precision, minimum=1e-6)
+    if "fp32" not in rates and (required or rates):
+        raise fields.fail("fp32", "missing (required: the figure other precisions fall back to)")
+    fields.done()
+    return rates
+
+
+def _cost(fields: Fields) -> CostFigures:
+    """The optional ``[cost]`` table: the figures of the roofline latency estimate."""
+    gops = _rates(fields.table("compute_gops"), required=True)
+    figures = CostFigures(
+        compute_gops=gops,
+        elementwise_gops=_rates(fields.table("elementwise_gops", {}), required=False),
+        bandwidth_gbs=fields.number("bandwidth_gbs", minimum=1e-6),
+        efficiency=fields.number("efficiency", 1.0, minimum=1e-3, maximum=1.0),
+        call_overhead_us=fields.number("call_overhead_us", 0.0, minimum=0.0),
+        node_overhead_us=fields.number("node_overhead_us", 0.0, minimum=0.0),
+        source=fields.string("source"),
+    )
+    fields.done()
+    return figures
+
+
 def load_profile(path: Path) -> DeviceProfile:
     """Load and validate one profile file.
 
@@ -313,6 +345,7 @@ def load_profile(path: Path) -> DeviceProfile:
         threshold=privacy_fields.number("threshold", None, minimum=0.01, maximum=0.99),
     )
     privacy_fields.done()
+    cost = _cost(fields.table("cost")) if fields.has("cost") else None
     fields.done()
     return DeviceProfile(
         id=profile_id,
@@ -329,6 +362,7 @@ def load_profile(path: Path) -> DeviceProfile:
         thermal_zones=zones,
         offload=offload,
         privacy=privacy,
+        cost=cost,
         source=path,
     )
 
