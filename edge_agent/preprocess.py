@@ -41,9 +41,12 @@ def decode_image(data: bytes) -> Array:
     return np.asarray(image)
 
 
-def encoded_pictures(package: ModelPackage, inputs: dict[str, Array]) -> dict[str, Array]:
+def encoded_pictures(
+    package: ModelPackage, inputs: dict[str, Array]
+) -> tuple[dict[str, Array], list[tuple[int, int]] | None]:
     """``inputs`` with the model's picture input, when it comes as image files, decoded and
-    preprocessed as the manifest says (as ``edge-agent infer`` reads an image file).
+    preprocessed as the manifest says (as ``edge-agent infer`` reads an image file); and
+    each picture's height and width (``None``: no files came).
 
     Files come as ``BYTES`` elements (one a picture), or as a ``uint8`` tensor of one
     file (1-D) or of one file a row (2-D, rows of equal length); each must start as an
@@ -56,12 +59,14 @@ def encoded_pictures(package: ModelPackage, inputs: dict[str, Array]) -> dict[st
     pre = package.preprocessing
     value = inputs.get(pre.input) if pre is not None else None
     if pre is None or value is None:
-        return inputs
+        return inputs, None
     files = _files(value)
     if files is None:
-        return inputs
-    tensors = [image_to_tensor(decode_image(data), pre) for data in files]
-    return {**inputs, pre.input: np.concatenate(tensors)}
+        return inputs, None
+    pictures = [decode_image(data) for data in files]
+    tensors = [image_to_tensor(picture, pre) for picture in pictures]
+    sizes = [(int(p.shape[0]), int(p.shape[1])) for p in pictures]
+    return {**inputs, pre.input: np.concatenate(tensors)}, sizes
 
 
 def _files(value: Array) -> list[bytes] | None:

@@ -1,18 +1,19 @@
-"""Answers a person (or an application) reads: a classifier's top labels, and the raw
-tensors summarised, from a model's outputs and its manifest.
+"""Answers a person (or an application) reads: a classifier's top labels, a detector's
+boxes, and the raw tensors on request, from a model's outputs and its manifest.
 
 ``edge-agent infer`` prints them; a stream sends them with every frame.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from edge_core.package import ModelPackage
 
-__all__ = ["MAX_PRINTED_VALUES", "describe_outputs", "top_k"]
+__all__ = ["MAX_PRINTED_VALUES", "describe_outputs", "per_row", "top_k"]
 
 Array = np.ndarray[Any, Any]
 MAX_PRINTED_VALUES = 1000  # an output with more values is summarised, unless asked for whole
@@ -37,22 +38,56 @@ def top_k(package: ModelPackage, outputs: dict[str, Array], k: int) -> list[list
 
 
 def describe_outputs(
-    package: ModelPackage, outputs: dict[str, Array], *, top: int = 5, full: bool = False
+    package: ModelPackage,
+    outputs: dict[str, Array],
+    *,
+    top: int = 5,
+    full: bool = False,
+    raw: bool = False,
+    image_hw: tuple[int, int] | Sequence[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """The outputs as JSON: each tensor (its values, or a summary when large and not
-    ``full``), and a classifier's ``top_k``."""
-    result: dict[str, Any] = {"outputs": {}}
-    for name, value in outputs.items():
-        entry: dict[str, Any] = {"shape": list(value.shape), "datatype": str(value.dtype)}
-        if full or value.size <= MAX_PRINTED_VALUES:
-            entry["data"] = np.round(value.astype(np.float64), 6).tolist()
-        else:
-            entry["summary"] = {
-                "min": float(value.min()),
-                "max": float(value.max()),
-                "mean": float(value.mean()),
-            }
-        result["outputs"][name] = entry
+    """The outputs as JSON a person reads: a classifier's ``top_k``; a detector's boxes
+    (:func:`edge_agent.decoders.detections`, in the pixels of the picture of
+    ``image_hw`` when given, or of each row's picture); and the tensors themselves
+    (``outputs``: each one's values, or a summary when large and not ``full``) when
+    asked for (``raw``, ``full``) or when nothing here reads them."""
+    from edge_agent.decoders import detections
+
+    result: dict[str, Any] = {}
     if package.task == "classification" and package.outputs:
         result["top_k"] = top_k(package, outputs, top)
+    decoded = detections(package, outputs, image_hw)
+    if decoded is not None:
+        result.update(decoded)
+    if raw or full or not result:
+        result["outputs"] = {name: _tensor(value, full) for name, value in outputs.items()}
     return result
+
+
+def per_row(described: dict[str, Any]) -> list[dict[str, Any]]:
+    """What :func:`describe_outputs` decoded, one document a batch row (no raw tensors);
+    empty when it decoded nothing."""
+    lists: dict[str, Any] = {k: described[k] for k in ("top_k", "detections") if k in described}
+    if not lists:
+        return []
+    rows = max(len(v) for v in lists.values())
+    out = []
+    for index in range(rows):
+        row: dict[str, Any] = {k: v[index] for k, v in lists.items() if index < len(v)}
+        if "detections" in row:
+            row["coordinates"] = described["coordinates"]
+        out.append(row)
+    return out
+
+
+def _tensor(value: Array, full: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"shape": list(value.shape), "datatype": str(value.dtype)}
+    if full or value.size <= MAX_PRINTED_VALUES:
+        entry["data"] = np.round(value.astype(np.float64), 6).tolist()
+    else:
+        entry["summary"] = {
+            "min": float(value.min()),
+            "max": float(value.max()),
+            "mean": float(value.mean()),
+        }
+    return entry

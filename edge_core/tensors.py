@@ -35,6 +35,7 @@ from edge_core.errors import InputError
 __all__ = [
     "DATATYPES",
     "TensorSpec",
+    "convert_input",
     "datatype_of",
     "format_shape",
     "numpy_dtype",
@@ -152,7 +153,7 @@ def validate_inputs(
         _raise_name_mismatch(specs, inputs)
     checked: dict[str, np.ndarray[Any, Any]] = {}
     for spec in specs:
-        array = _convert(spec, inputs[spec.name])
+        array = convert_input(spec, inputs[spec.name])
         if not spec.accepts_shape(array.shape):
             what = "rank" if array.ndim != len(spec.shape) else "shape"
             raise InputError(
@@ -164,8 +165,13 @@ def validate_inputs(
     return checked
 
 
-def _convert(spec: TensorSpec, value: Any) -> np.ndarray[Any, Any]:
-    """``value`` as an array of ``spec.dtype``, or an :class:`InputError` saying why not."""
+def convert_input(spec: TensorSpec, value: Any) -> np.ndarray[Any, Any]:
+    """``value`` as an array of ``spec.dtype``, cast as :func:`validate_inputs` casts
+    (its shape unchecked).
+
+    Raises:
+        InputError: a dtype that cannot be cast safely, or values that do not survive it.
+    """
     if isinstance(value, np.ndarray):
         array, from_python = value, False
     else:

@@ -18,7 +18,9 @@ from .support.paths import MODELS
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    running = start_agent(tmp_path_factory.mktemp("local-api"))
+    running = start_agent(
+        tmp_path_factory.mktemp("local-api"), models=("digits-light", "face-detection-short-range")
+    )
     running.wait_message("READY=1")
     yield running
     running.stop()
@@ -77,4 +79,44 @@ def test_the_repository_index_answers_on_the_agent(agent: Running) -> None:
     assert {"name": "digits-light", "version": "1", "state": "READY"} in models
     grpc_client.close()
     status, document = request(agent, "GET", "/v2/models")
-    assert status == 200 and document == {"models": ["digits-light", "redact"]}
+    assert status == 200 and document == {
+        "models": ["digits-light", "face-detection-short-range", "redact"]
+    }
+
+
+def test_a_detectors_boxes_come_back_as_the_results_output(agent: Running) -> None:
+    """Ask for the output named `results`: one JSON document a picture, the boxes in the
+    pixels of the picture sent, beside the model's own outputs."""
+    import cv2
+    import tritonclient.http as thttp
+    from skimage import data
+
+    photo = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)  # 512 x 512, a face
+    client = thttp.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
+    wanted = [thttp.InferRequestedOutput("results"), thttp.InferRequestedOutput("classificators")]
+    rows = []
+    for picture in (photo, cv2.resize(photo, (1024, 768))):
+        pictures = thttp.InferInput("input", [1], "BYTES")
+        pictures.set_data_from_numpy(
+            np.array([cv2.imencode(".jpg", picture)[1].tobytes()], dtype=object)
+        )
+        answer = client.infer("face-detection-short-range", [pictures], outputs=wanted)
+        assert answer.as_numpy("classificators").shape == (1, 896, 1)
+        (row,) = answer.as_numpy("results")
+        rows.append(json.loads(row))
+    first, second = rows
+    assert first["coordinates"] == "image" and [d["label"] for d in first["detections"]] == ["face"]
+    x0, y0, x1, y1 = first["detections"][0]["box"]
+    assert 150 < x0 < 230 < x1 < 300 and 50 < y0 < 130 < y1 < 200  # the astronaut's face
+    scaled = second["detections"][0]["box"]  # the same face, 2x wide and 1.5x high
+    assert scaled == pytest.approx([x0 * 2, y0 * 1.5, x1 * 2, y1 * 1.5], abs=12)
+    with pytest.raises(InferenceServerException, match="unknown output 'nothing'"):
+        client.infer("face-detection-short-range", [pictures],
+                     outputs=[thttp.InferRequestedOutput("nothing")])  # fmt: skip
+    digits = thttp.InferInput("pixels", [1, 64], "FP32")
+    digits.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    (row,) = client.infer(
+        "digits-light", [digits], outputs=[thttp.InferRequestedOutput("results")]
+    ).as_numpy("results")
+    assert set(json.loads(row)) == {"top_k"}  # a classifier's: its top labels
+    client.close()

@@ -17,7 +17,6 @@ from edge_agent.config import StreamSettings
 from edge_agent.policy import Action, Decision, load_policy
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
-from edge_agent.results import describe_outputs
 from edge_agent.streams import Streams, open_capture
 from edge_agent.streams.pipeline import Stream
 from edge_agent.streams.rules import LatestSlot, key_frame, next_due, thumbnail
@@ -99,7 +98,7 @@ def test_a_slow_model_drops_old_frames_and_results_come_in_order(tmp_path: Path)
 
     stream = Stream(
         settings(video), LIGHT, open_capture=lambda: open_capture(str(video)), infer=slow,
-        emit=results.append, describe=describe_outputs,
+        emit=results.append,
     )  # fmt: skip
     run_stream(stream)
     counts = stream.stats.snapshot()["frames"]
@@ -127,7 +126,6 @@ def test_a_still_scene_is_inferred_once_with_key_frames(tmp_path: Path) -> None:
         stream = Stream(
             settings(video, key_frames=8.0, realtime=False), LIGHT,
             open_capture=lambda: open_capture(str(video)), infer=counted, emit=results.append,
-            describe=describe_outputs,
         )  # fmt: skip
         run_stream(stream)
     finally:
@@ -194,7 +192,6 @@ def test_a_failing_sink_loses_results_not_the_stream_and_a_closed_pipe_stops_it(
                 open_capture=lambda: open_capture(str(video)),
                 infer=agent.infer,
                 emit=sink,
-                describe=describe_outputs,
             )
             for sink in (full_disk, closed_pipe)
         ]

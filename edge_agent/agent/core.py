@@ -43,7 +43,7 @@ from edge_core.errors import (
 from edge_core.names import check_model_name
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
-from edge_core.tensors import datatype_of, validate_inputs
+from edge_core.tensors import convert_input, datatype_of
 
 __all__ = ["DEFAULT_POLICY", "Agent"]
 
@@ -382,10 +382,14 @@ class Agent:
                     f"redaction left {', '.join(sorted(after.kinds))} identifiable; not sent"
                 )
         target = self.models.package(decision.model)
-        if target is not None and set(arrays) == {spec.name for spec in target.inputs}:
-            # in the datatypes the gateway checks, cast as the runtime would cast them here
-            # (a uint8 picture for an FP32 input); other names are the gateway's to judge
-            arrays = validate_inputs(target.inputs, arrays)
+        if target is not None:  # in the datatypes the gateway checks, cast as the runtime
+            specs = {spec.name: spec for spec in target.inputs}  # casts (uint8 pixels as FP32)
+            arrays = {
+                name: convert_input(specs[name], array)
+                if name in specs and specs[name].accepts_shape(array.shape)
+                else array  # names and shapes are the guard's and the gateway's to judge
+                for name, array in arrays.items()
+            }
         outgoing = InferRequest(
             inputs=arrays,
             datatypes={name: datatype_of(a.dtype) for name, a in arrays.items()},

@@ -170,12 +170,6 @@ class _Sink:
         self.bytes += len(json.dumps(result, separators=(",", ":")))
 
 
-def _describe(package: Any, outputs: dict[str, Any]) -> dict[str, Any]:
-    from edge_agent.results import describe_outputs
-
-    return describe_outputs(package, outputs, top=3)
-
-
 def _run(agent: Any, entry: StreamSettings, *, pipelined: bool) -> dict[str, Any]:
     package = agent.package(entry.model)
     sink = _Sink()
@@ -185,7 +179,6 @@ def _run(agent: Any, entry: StreamSettings, *, pipelined: bool) -> dict[str, Any
         open_capture=lambda: open_capture(entry.source),
         infer=agent.infer,
         emit=sink,
-        describe=_describe,
     )
     started = time.perf_counter()
     if pipelined:

@@ -47,7 +47,12 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--top-k", type=int, default=3, help="labels to report per item (classification)"
     )
-    parser.add_argument("--full", action="store_true", help="print large outputs in full")
+    parser.add_argument(
+        "--raw", action="store_true", help="print the output tensors too (large ones summarised)"
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="print the output tensors in full (implies --raw)"
+    )
     parser.add_argument("--config", type=Path, help="agent configuration (gateway, token, policy)")
     parser.add_argument(
         "--label", choices=LABELS, help="the data's sensitivity (default: the policy's default)"
@@ -100,6 +105,24 @@ def read_input(package: ModelPackage, path: Path) -> dict[str, np.ndarray[Any, A
     )
 
 
+def picture_hw(path: Path) -> tuple[int, int] | None:
+    """The height and width of an image file (``None``: not an image), for boxes in its
+    pixels."""
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        return None
+    from edge_agent.preprocess import decode_image
+
+    height, width = decode_image(path.read_bytes()).shape[:2]
+    return height, width
+
+
+def _described(args: argparse.Namespace, package: ModelPackage, outputs: Any) -> dict[str, Any]:
+    return describe_outputs(
+        package, outputs, top=args.top_k, full=args.full, raw=args.raw,
+        image_hw=picture_hw(args.input),
+    )  # fmt: skip
+
+
 def agent_input(agent: Agent, args: argparse.Namespace) -> dict[str, np.ndarray[Any, Any]]:
     """The ``--input`` file read for ``--model`` as the agent's repository describes it."""
     package = agent.package(args.model)
@@ -130,7 +153,7 @@ def _infer(args: argparse.Namespace) -> int:
                 **result.to_dict(),
                 "profile": agent.profile.id,
                 "backend": backend,
-                **describe_outputs(answered, result.outputs, top=args.top_k, full=args.full),
+                **_described(args, answered, result.outputs),
             }
         )
     finally:
@@ -158,7 +181,7 @@ def _infer_variant(args: argparse.Namespace, config: AgentConfig, profile: Devic
             "decision": "LOCAL",
             "reason": "variant_requested",
             "latency_ms": round(latency_ms, 4),
-            **describe_outputs(package, outputs, top=args.top_k, full=args.full),
+            **_described(args, package, outputs),
         }
     )
     return 0

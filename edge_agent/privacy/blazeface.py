@@ -30,7 +30,7 @@ from edge_agent.privacy.faces import Face, grey_to_rgb, nms
 from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, Session, open_best
 
-__all__ = ["FULL_RANGE", "SHORT_RANGE", "AnchorSpec", "BlazeFace", "anchors"]
+__all__ = ["FULL_RANGE", "SHORT_RANGE", "AnchorSpec", "BlazeFace", "anchors", "decode"]
 
 Array = np.ndarray[Any, Any]
 
@@ -95,24 +95,27 @@ class _Model:
         scaled = cv2.resize(square, (size, size), interpolation=cv2.INTER_AREA)
         tensor = (scaled.astype(np.float32) / 127.5 - 1.0)[None]
         out = self.session.run({self.input: tensor})
-        raw = out[self.regressors][0]
-        logits = np.clip(out[self.scores][0, :, 0].astype(np.float64), -100.0, 100.0)
-        scores = 1.0 / (1.0 + np.exp(-logits))
-        faces = []
-        for index in np.nonzero(scores >= self.spec.min_score)[0]:
-            cx = float(raw[index, 0]) / size + float(self.anchors[index, 0])
-            cy = float(raw[index, 1]) / size + float(self.anchors[index, 1])
-            w, h = float(raw[index, 2]) / size, float(raw[index, 3]) / size
-            faces.append(
-                Face(
-                    x0=(cx - w / 2) * side - left,
-                    y0=(cy - h / 2) * side - top,
-                    x1=(cx + w / 2) * side - left,
-                    y1=(cy + h / 2) * side - top,
-                    score=float(scores[index]),
-                )
-            )
-        return faces
+        boxes = decode(
+            out[self.regressors][0], out[self.scores][0], self.anchors, size, self.spec.min_score
+        )
+        return [
+            Face(x0 * side - left, y0 * side - top, x1 * side - left, y1 * side - top, score)
+            for x0, y0, x1, y1, score in boxes.tolist()
+        ]
+
+
+def decode(
+    regressors: Array, logits: Array, centres: Array, input_size: int, min_score: float
+) -> Array:
+    """Boxes ``[N, 5]`` (x0, y0, x1, y1 in 0..1 of the model's square input, and the
+    score), before NMS, from one picture's outputs: ``regressors [A, 16]`` (offsets and
+    sizes in the input's pixels), ``logits [A, 1]``, and the anchors' ``centres [A, 2]``."""
+    scores = 1.0 / (1.0 + np.exp(-np.clip(logits[:, 0].astype(np.float64), -100.0, 100.0)))
+    keep = np.flatnonzero(scores >= min_score)
+    raw = regressors[keep, :4].astype(np.float64) / input_size
+    cx, cy = raw[:, 0] + centres[keep, 0], raw[:, 1] + centres[keep, 1]
+    w, h = raw[:, 2], raw[:, 3]
+    return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, scores[keep]], axis=1)
 
 
 class BlazeFace:

@@ -19,6 +19,7 @@ offloaded), and answers the same inputs redacted plus ``faces`` (``INT32``
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -33,6 +34,7 @@ import numpy as np
 from edge_agent.agent import Agent
 from edge_agent.preprocess import encoded_pictures
 from edge_agent.privacy import Redaction
+from edge_agent.results import describe_outputs, per_row
 from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
 from edge_core.errors import InputError, ModelNotFoundError, Stopping
@@ -43,6 +45,7 @@ from edge_core.status import status_of
 __all__ = ["REDACT", "LocalService"]
 
 REDACT = "redact"
+RESULTS = "results"  # the decoded results' output, asked for by name: a JSON document a row
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +162,9 @@ class LocalService:
                         f"unknown model {name!r}: not on this device, and no gateway to ask"
                     )
                 # pictures as files (a camera's JPEG): preprocessed as the manifest says
-                inputs = encoded_pictures(package, request.inputs) if package else request.inputs
+                inputs, sizes = (
+                    encoded_pictures(package, request.inputs) if package else (request.inputs, None)
+                )
                 timeout_us = request.timeout_us
                 result = agent.infer(
                     name,
@@ -181,6 +186,9 @@ class LocalService:
         finally:
             current_request_id.reset(token)
         outputs = result.outputs
+        wanted = request.outputs
+        if wanted is not None and RESULTS not in outputs and any(o.name == RESULTS for o in wanted):
+            outputs = {**outputs, RESULTS: self._results(result, sizes)}
         if request.outputs is not None:
             missing = [o.name for o in request.outputs if o.name not in outputs]
             if missing:
@@ -209,6 +217,24 @@ class LocalService:
             id=request.id,
             parameters=parameters,
         )
+
+    def _results(self, result: Any, sizes: list[tuple[int, int]] | None) -> np.ndarray[Any, Any]:
+        """The ``results`` output: one JSON document a batch row, what the model's outputs
+        mean (a classifier's top labels, a detector's boxes: in the pixels of the pictures
+        sent as files, else of the model's input).
+
+        Raises:
+            InputError: nothing here reads this model's outputs.
+        """
+        package = self.agent.package(result.model)
+        rows = per_row(describe_outputs(package, result.outputs, image_hw=sizes)) if package else []
+        if not rows:
+            raise InputError(
+                f"model {result.model!r} has no {RESULTS!r} output: nothing here reads what "
+                f"a {package.task if package else 'remote'} model's outputs mean; ask for its "
+                "own outputs"
+            )
+        return np.array([json.dumps(row, separators=(",", ":")) for row in rows], dtype=object)
 
     def repository_index(self) -> list[dict[str, str]]:
         """The models on the device, as the repository extension lists them: READY when

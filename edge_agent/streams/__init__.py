@@ -21,7 +21,6 @@ from edge_agent.config import StreamSettings
 from edge_agent.streams.pipeline import Capture, Stream, StreamStats
 from edge_agent.streams.sinks import Broadcaster, JsonLines, MqttResults, Sink
 from edge_core.errors import ConfigError, EdgeError
-from edge_core.package import ModelPackage
 
 __all__ = ["Stream", "StreamStats", "Streams", "open_capture"]
 
@@ -41,12 +40,6 @@ def open_capture(source: str) -> Capture:
         capture.release()
         raise EdgeError(f"OpenCV cannot open the video source {source!r}")
     return capture
-
-
-def _describe(package: ModelPackage, outputs: dict[str, Any]) -> dict[str, Any]:
-    from edge_agent.results import describe_outputs
-
-    return describe_outputs(package, outputs, top=3)
 
 
 class Streams:
@@ -91,7 +84,6 @@ class Streams:
                     open_capture=functools.partial(open_source, entry.source),
                     infer=infer,
                     emit=sink,
-                    describe=_describe,
                 )
             except EdgeError as exc:
                 raise ConfigError(str(exc)) from None

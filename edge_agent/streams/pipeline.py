@@ -41,6 +41,7 @@ import numpy as np
 from edge_agent.agent.stats import LatencyWindow
 from edge_agent.config import StreamSettings
 from edge_agent.preprocess import image_to_tensor
+from edge_agent.results import describe_outputs
 from edge_agent.streams.rules import LatestSlot, key_frame, next_due, thumbnail
 from edge_core.errors import EdgeError, InputError
 from edge_core.package import ModelPackage
@@ -113,7 +114,6 @@ class Stream:
         open_capture: Callable[[], Capture],
         infer: Infer,
         emit: Callable[[dict[str, Any]], None],
-        describe: Callable[[ModelPackage, dict[str, Array]], dict[str, Any]],
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -133,7 +133,6 @@ class Stream:
         self._open = open_capture
         self._infer = infer
         self._emit = emit
-        self._describe = describe
         self._clock = clock
         self._wall = wall
         self._slot: LatestSlot[Frame] = LatestSlot()
@@ -361,6 +360,8 @@ class Stream:
             model=outcome.model,
             version=outcome.version,
             degraded=outcome.degraded,
-            answer=self._describe(self.package, outcome.outputs),
+            answer=describe_outputs(
+                self.package, outcome.outputs, top=3, image_hw=frame.pixels.shape[:2]
+            ),
         )
         return result

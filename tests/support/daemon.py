@@ -109,9 +109,10 @@ class Running:
         return status
 
 
-def light_repository(tmp: Path) -> Path:
+def light_repository(tmp: Path, names: tuple[str, ...] = ("digits-light",)) -> Path:
     models = tmp / "models"
-    shutil.copytree(MODELS / "digits-light", models / "digits-light")
+    for name in names:
+        shutil.copytree(MODELS / name, models / name)
     return models
 
 
@@ -145,14 +146,19 @@ hysteresis_c = 5
 
 
 def start_agent(
-    tmp: Path, extra: str = "", watchdog_usec: int = 400_000, api: str = "", cpus: int = 2
+    tmp: Path,
+    extra: str = "",
+    watchdog_usec: int = 400_000,
+    api: str = "",
+    cpus: int = 2,
+    models: tuple[str, ...] = ("digits-light",),
 ) -> Running:
     """``cpus``: CPUs with cpufreq in the fake root (0: a board whose power modes cannot
-    be applied)."""
+    be applied); ``models``: the sample models it has."""
     root = make_root(tmp / "root", cpus=cpus, temperatures={0: 50_000})
     http_port, grpc_port = free_port(), free_port()
     config = tmp / "agent.toml"
-    write_config(config, root, light_repository(tmp), http_port, grpc_port, extra, api)
+    write_config(config, root, light_repository(tmp, models), http_port, grpc_port, extra, api)
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify_path = tmp / "notify.sock"
     notify.bind(str(notify_path))
