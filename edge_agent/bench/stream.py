@@ -3,8 +3,9 @@
 The benchmark writes its own clip: 640x480 at 30 frames a second (Motion-JPEG, what a
 USB camera gives), a slow pan across scikit-image photographs (the astronaut's face
 among them) with a second face drifting over it, and a still stretch in the middle
-(only sensor noise: what key frames are for). Each model (a face detector and a
-digits-sized classifier by default) takes the clip through the agent five ways:
+(only sensor noise: what key frames are for). Each model (two face detectors,
+BlazeFace and CenterFace, and a digits-sized classifier by default) takes the clip
+through the agent five ways:
 
 - ``sequential``: decode, preprocess, infer, postprocess in turn, on one thread, the
   file read as fast as it decodes (:meth:`Stream.run_in_turn`);
@@ -63,7 +64,11 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(frozen=True)
 class StreamBenchSettings:
-    models: tuple[str, ...] = ("face-detection-short-range", "digits-light")
+    models: tuple[str, ...] = (
+        "face-detection-short-range",
+        "face-detection-centerface",
+        "digits-light",
+    )
     clip_s: float = 10.0  # of clip
     key_frames: float = 3.0  # the threshold of the key-frame run (mean difference, 0..255)
     clip: Path | None = None  # a clip of one's own, instead of the one written

@@ -50,7 +50,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--models",
-        help="comma-separated models (stream; default: face-detection-short-range,digits-light)",
+        help="comma-separated models (stream; default: two face detectors and digits-light)",
     )
     parser.add_argument("--clip-s", type=float, default=10.0, help="seconds of clip (stream)")
     parser.add_argument(
