@@ -84,7 +84,8 @@ def run_stream(stream: Stream, timeout: float = 30) -> None:
 
 def test_a_slow_model_drops_old_frames_and_results_come_in_order(tmp_path: Path) -> None:
     """A 30 fps file read in real time, a model that takes 80 ms a frame: most frames
-    are dropped at the slot, none after it, and the results are in order."""
+    are dropped (the newest waiting wins), none once inferred, and the results are in
+    order."""
     video = write_video(tmp_path / "clip.avi", 45)
     results: list[dict[str, Any]] = []
 

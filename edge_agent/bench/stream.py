@@ -228,7 +228,8 @@ def _model(
         "pipeline+key": _run(agent, replace(base, key_frames=settings.key_frames), pipelined=True),
     }
     kept = runs["pipeline"]["fps"]
-    rate = camera_fps if kept >= camera_fps else round(SUSTAINED_SHARE * kept, 1)
+    # the camera's rate when the pipeline keeps it with a margin, else 90% of what it kept
+    rate = camera_fps if SUSTAINED_SHARE * kept >= camera_fps else round(SUSTAINED_SHARE * kept, 1)
     live = replace(base, realtime=True)  # the file at its own frame rate, as a camera
     runs[f"camera@{rate:g}"] = _run(
         agent, replace(live, rate=0.0 if rate == camera_fps else rate), pipelined=True

@@ -4,17 +4,19 @@ inferred, frame t+1 is decoded and preprocessed, frame t-1's result written).
 
 ::
 
-    capture ──▶ [newest frame wins] ──▶ prepare ──▶ [1] ──▶ infer ──▶ [2] ──▶ emit ──▶ sink
-    (decode,     (one slot: an older      (key frame?    (through the      (describe,
-     pace)        frame is dropped)        preprocess)    agent: policy,    result, sink)
-                                                          offload, fallback)
+    capture ──▶ [newest] ──▶ prepare ──▶ [newest] ──▶ infer ──▶ [2] ──▶ emit ──▶ sink
+    (decode,                 (key frame?               (through the       (describe,
+     pace)                    preprocess)               agent: policy,     result, sink)
+                                                        offload, fallback)
 
-Between the capture and the rest there is one slot (:class:`~.rules.LatestSlot`): when
-inference is slower than the camera, old frames are dropped, not queued, and counted. A
-file read as fast as it decodes (``realtime = false``) waits for the pipeline instead,
-and every frame gets its result.
-After it the queues are short (double buffering: one item waits while the next stage
-works), so a frame that was taken is never dropped, and results come out in order.
+Before each of the two stages that may be slower than the camera there is one slot
+(:class:`~.rules.LatestSlot`) that keeps the newest item: when inference (or
+preprocessing) is slower than the camera, old frames are dropped, not queued, and
+counted, and the frame inference takes next is the freshest there is (a queue of
+frames would only add latency: each waiting frame is one inference older). A file read
+as fast as it decodes (``realtime = false``) waits for the pipeline instead, and every
+frame gets its result. After inference a short queue: a frame inferred is never
+dropped, and results come out in the frames' order.
 
 Every frame goes through :meth:`Agent.infer`: the policy decides per frame (a
 ``personal`` stream that offloads sends redacted frames, a ``sensitive`` one stays on
@@ -63,6 +65,9 @@ class Frame:
     at: float  # the monotonic clock, for latencies
     pixels: Array  # BGR uint8, H x W x 3
     stages: dict[str, float] = field(default_factory=dict)  # milliseconds
+
+
+Prepared = tuple[Frame, "Array | None", "Array | None"]  # the frame, its thumbnail, its input
 
 
 class Capture(Protocol):
@@ -136,7 +141,10 @@ class Stream:
         self._clock = clock
         self._wall = wall
         self._slot: LatestSlot[Frame] = LatestSlot()
-        self._prepared: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._prepared: LatestSlot[Prepared] = LatestSlot()
+        # a camera (or a file in real time) cannot wait: the newest frame wins; a file read
+        # as fast as it decodes waits for the pipeline, and loses no frame
+        self._lossless = self._is_file() and not settings.realtime
         self._answered: queue.Queue[Any] = queue.Queue(maxsize=2)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -186,12 +194,9 @@ class Stream:
             self._slot.close()
             return
         try:
-            # a camera (or a file in real time) cannot wait: the newest frame wins; a file
-            # read as fast as it decodes waits for the pipeline, and loses no frame
-            lossless = self._is_file() and not self.settings.realtime
             for frame in self._frames(capture):
                 self.stats.count("in")
-                if self._slot.put(frame, wait=lossless):
+                if self._slot.put(frame, wait=self._lossless):
                     self.stats.count("dropped")
         except Exception:
             log.exception("stream %s: the capture failed", self.settings.name)
@@ -233,13 +238,18 @@ class Stream:
                 if self._slot.done:
                     break
                 continue
-            self._prepared.put((frame, self._prepare(frame)))
-        self._prepared.put(_END)
+            if self._prepared.put(self._prepare(frame), wait=self._lossless):
+                self.stats.count("dropped")  # inference is slower: the newer frame wins
+        self._prepared.close()
 
     def _infer_loop(self) -> None:
-        while (item := self._prepared.get()) is not _END:
-            frame, tensor = item
-            self._answered.put((frame, self._answer(frame, tensor), tensor is None))
+        while True:
+            item = self._prepared.take(timeout=0.5)
+            if item is None:
+                if self._prepared.done:
+                    break
+                continue
+            self._answered.put((item[0], *self._answer(*item)))
         self._answered.put(_END)
 
     def _emit_loop(self) -> None:
@@ -258,8 +268,7 @@ class Stream:
             try:
                 for frame in self._frames(capture):
                     self.stats.count("in")
-                    tensor = self._prepare(frame)
-                    self._finish(frame, self._answer(frame, tensor), tensor is None)
+                    self._finish(frame, *self._answer(*self._prepare(frame)))
             finally:
                 capture.release()
         finally:
@@ -267,34 +276,41 @@ class Stream:
 
     # -- one frame, stage by stage ------------------------------------------------------
 
-    def _prepare(self, frame: Frame) -> Array | None:
-        """Key frames, then the manifest's preprocessing; None: a frame skipped (its
-        result is the last key frame's)."""
+    def _prepare(self, frame: Frame) -> Prepared:
+        """The frame's thumbnail (with key frames) and the manifest's preprocessing, left
+        out (``None``) for a frame like the last one inferred: inference would skip it."""
         pre = self.package.preprocessing
         assert pre is not None
         started = self._clock()
         tensor: Array | None = None
         small = thumbnail(frame.pixels) if self.settings.key_frames > 0 else None
-        if small is None or key_frame(self._last_key, small, self.settings.key_frames).key:
-            self._last_key = small
+        if not self._like_the_last(small):
             tensor = image_to_tensor(frame.pixels, pre)
-        else:
-            self.stats.count("skipped")
         frame.stages["preprocess"] = (self._clock() - started) * 1000
-        return tensor
+        return frame, small, tensor
 
-    def _answer(self, frame: Frame, tensor: Array | None) -> Any:
+    def _like_the_last(self, small: Array | None) -> bool:
+        """Whether a frame of thumbnail ``small`` is like the last one inferred (key
+        frames; the last one's result stands for it)."""
+        if small is None or self._last_outcome is None:
+            return False
+        return not key_frame(self._last_key, small, self.settings.key_frames).key
+
+    def _answer(self, frame: Frame, small: Array | None, tensor: Array | None) -> tuple[Any, bool]:
         """Through the agent (the policy, the offload, the fallback): its result, or the
-        error that stands for it; a skipped frame's is the last inferred frame's."""
+        error that stands for it, and whether the frame was skipped (like the last one
+        inferred, judged here, against the frame inference really took last: its result
+        stands for this one)."""
         pre = self.package.preprocessing
         assert pre is not None
         started = self._clock()
         outcome: Any
-        if tensor is None:
+        skipped = self._like_the_last(small)
+        if skipped:
             outcome = self._last_outcome
-            if outcome is None:
-                outcome = EdgeError("no frame inferred yet")
         else:
+            if tensor is None:  # prepared against an older frame than the one taken last
+                tensor = image_to_tensor(frame.pixels, pre)
             try:
                 outcome = self._infer(
                     self.package.name,
@@ -302,11 +318,11 @@ class Stream:
                     label=self.settings.label,
                     deadline_ms=self.settings.deadline_ms or None,
                 )
-                self._last_outcome = outcome
+                self._last_key, self._last_outcome = small, outcome
             except EdgeError as exc:  # refused, or the cloud failed with no stand-in
                 outcome = exc
         frame.stages["infer"] = (self._clock() - started) * 1000
-        return outcome
+        return outcome, skipped
 
     def _finish(self, frame: Frame, outcome: Any, skipped: bool) -> None:
         """Describe the answer, time the frame, count it, and give it to the sink."""
@@ -321,6 +337,8 @@ class Stream:
             if stage in frame.stages:
                 self.stats.latency.observe(stage, frame.stages[stage])
         self.stats.count("out")
+        if skipped:
+            self.stats.count("skipped")
         try:
             self._emit(result)
         except BrokenPipeError:  # nobody reads any more (`edge-agent stream | head`)
