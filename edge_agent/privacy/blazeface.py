@@ -20,6 +20,7 @@ finds far more of the small faces (see :mod:`.faces`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,8 +51,10 @@ SHORT_RANGE = AnchorSpec("face-detection-short-range", 128, (8, 16, 16, 16), 1.0
 FULL_RANGE = AnchorSpec("face-detection-full-range", 192, (4,), 0.0, 0.6)
 
 
+@functools.lru_cache(maxsize=8)
 def anchors(spec: AnchorSpec) -> Array:
-    """Anchor centres ``[N, 2]`` (x, y in 0..1); anchor sizes are fixed at 1."""
+    """Anchor centres ``[N, 2]`` (x, y in 0..1); anchor sizes are fixed at 1. Computed
+    once a model (read-only: shared)."""
     centres: list[tuple[float, float]] = []
     layer = 0
     while layer < len(spec.strides):
@@ -66,7 +69,9 @@ def anchors(spec: AnchorSpec) -> Array:
             for x in range(cells):
                 for _ in range(per_cell):
                     centres.append(((x + 0.5) / cells, (y + 0.5) / cells))
-    return np.asarray(centres, dtype=np.float32)
+    array = np.asarray(centres, dtype=np.float32)
+    array.flags.writeable = False
+    return array
 
 
 class _Model:
