@@ -33,6 +33,7 @@ from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.mqtt.bridge import MqttBridge
 from cloud_gateway.ota.rollouts import RolloutStore
 from cloud_gateway.ota.service import OtaService
+from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
 from cloud_gateway.rest.app import create_app
 from cloud_gateway.rest.connections import (
@@ -97,7 +98,11 @@ class Gateway:
         self.registry = DeviceRegistry(config.devices_file)
         backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
         self.repository = ServingRepository(config.repository, backend)
-        self.plane = DataPlane(config, self.repository, self.registry, self.metrics)
+        self.remotes = [RemoteBackend(settings) for settings in config.backends]
+        self.plane = DataPlane(
+            config, self.repository, self.registry, self.metrics, remotes=self.remotes
+        )
+        self._watch_tasks: list[asyncio.Task[None]] = []
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
             self.ota = OtaService(
@@ -152,6 +157,9 @@ class Gateway:
             sock.close()
             raise
         await self.plane.refresh()
+        for remote in self.remotes:
+            await self._check(remote)
+            self._watch_tasks.append(asyncio.get_running_loop().create_task(self._watch(remote)))
         loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
         log.info("models loaded: %s", ", ".join(loaded) or "none")
         log.info(
@@ -276,6 +284,23 @@ class Gateway:
         self.grpc_port = port
         return server
 
+    async def _check(self, remote: RemoteBackend) -> None:
+        """One health check of an engine; its models join (or change) when it comes up."""
+        before = list(remote.models)
+        try:
+            changed = await remote.check()
+        except Exception:
+            log.exception("checking engine %s failed", remote.name)
+            return
+        if changed:
+            self.repository.set_remote(remote.name, remote.models)
+            await self.plane.apply(remote.models, before)
+
+    async def _watch(self, remote: RemoteBackend) -> None:
+        while True:
+            await asyncio.sleep(remote.settings.health_interval_s)
+            await self._check(remote)
+
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
@@ -303,10 +328,11 @@ class Gateway:
             log.exception("recording the devices heard from failed")
 
     async def stop(self) -> None:
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
+        for task in [self._poll_task, *self._watch_tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._record_heard()
         if self.mqtt is not None:
             await self.mqtt.stop()
@@ -316,6 +342,8 @@ class Gateway:
         if self._grpc is not None:
             await self._grpc.stop(grace=5)
         await self.plane.close()
+        for remote in self.remotes:
+            await remote.close()
         if self.ota is not None:
             self.ota.rollouts.close()
         while self._undo:
