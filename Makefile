@@ -62,7 +62,7 @@ docs: venv
 # commit), then the generated figures page, docs/benchmarks/figures.md. One benchmark
 # alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
 # They measure this machine: run them on an idle one.
-BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service gateway faces
+BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service gateway remote fleet-1k fleet-10k faces
 BENCH_digits-light = -m edge_agent bench --model digits-light
 BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
 BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
@@ -72,6 +72,9 @@ BENCH_ota          = -m edge_agent bench ota
 BENCH_mqtt         = -m edge_agent bench mqtt
 BENCH_service      = -m edge_agent bench service
 BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
+BENCH_remote       = -m cloud_gateway bench remote
+BENCH_fleet-1k     = -m cloud_gateway bench fleet --devices 1000 --replicas 2
+BENCH_fleet-10k    = -m cloud_gateway bench fleet --devices 10000 --replicas 2
 BENCH_faces        = tools/eval_faces.py
 
 bench: venv broker fetch-models

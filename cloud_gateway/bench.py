@@ -112,6 +112,7 @@ def load(
     seconds: float,
     client: str = "raw",
     on_cpus: frozenset[int] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -134,6 +135,7 @@ def load(
         "--client",
         client,
         *(["--cpus", ",".join(map(str, sorted(on_cpus)))] if on_cpus else []),
+        *extra,
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
     if result.returncode != 0:

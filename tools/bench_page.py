@@ -80,6 +80,16 @@ BENCHMARKS: dict[str, Benchmark] = {
         "cloud-gateway bench --chart bench-results/gateway.png",
         "cloud_gateway.bench:format_report",
     ),
+    "remote": Benchmark(
+        "Gateway in front of a remote engine",
+        "{command}",
+        "cloud_gateway.bench_remote:format_remote",
+    ),
+    "fleet": Benchmark(
+        "Fleet simulation",
+        "{command}",
+        "cloud_gateway.bench_fleet:format_fleet",
+    ),
     "faces": Benchmark("Face detector", "python tools/eval_faces.py", ""),
 }
 
@@ -206,7 +216,9 @@ def _command(kind: str, report: Report, name: str) -> str:
     if benchmark is None:
         return f"`bench-results/{name}.json`"
     command = benchmark.command.format(
-        model=report.get("model", "?"), profile=report.get("profile", "?")
+        model=report.get("model", "?"),
+        profile=report.get("profile", "?"),
+        command=report.get("command", "?"),  # what the run was given (its engine, its fleet)
     )
     return f"`{command} --json bench-results/{name}.json` (`make bench-{name}`)"
 
@@ -338,7 +350,7 @@ def render_page(
 
 # the benchmarks `make bench` runs (its BENCHES), by the name of their JSON file
 _MAKE_NAMES = ("digits-light", "digits-heavy", "blazeface", "hybrid", "offload", "ota", "mqtt",
-               "service", "gateway", "faces")  # fmt: skip
+               "service", "gateway", "remote", "fleet-1k", "fleet-10k", "faces")  # fmt: skip
 
 
 def load_reports(results: Path, out: Path) -> dict[str, Report]:
