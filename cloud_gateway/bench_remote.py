@@ -93,9 +93,9 @@ def _gateway_engine(
     repo.mkdir()
     (repo / model_root.name).symlink_to(model_root)
     http_port, grpc_port = free_port(), free_port()
-    registry = DeviceRegistry(state / "engine-state" / "devices.json")
-    device = registry.add("bench", "bench")
-    front = registry.add("front", "operators", role="admin")
+    url = f"sqlite:///{state / 'engine-state' / 'gateway.sqlite'}"
+    device = DeviceRegistry.add_to(url, "bench", "bench")
+    front = DeviceRegistry.add_to(url, "front", "operators", role="admin")
     config = state / "engine.toml"
     config.write_text(
         f'repository = "{repo}"\nstate_dir = "{state / "engine-state"}"\n'
@@ -204,7 +204,7 @@ def _cases(
         batching=BatchingSettings(enabled=False),
         backends=(settings,),
     )
-    token = DeviceRegistry(config.devices_file).add("bench", "bench")
+    token = DeviceRegistry.add_to(config.state_url, "bench", "bench")
     gateway = GatewayThread(config)
     try:
         front_url = gateway.grpc_url if protocol == "grpc" else gateway.http_url

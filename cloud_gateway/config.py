@@ -6,7 +6,10 @@ A TOML file (every field optional; command-line flags override it)::
     http_port = 8000
     grpc_port = 8001
     repository = "models"            # relative paths are relative to this file
-    state_dir = "gateway-state"      # devices.json (hashed tokens), group keys, rollouts
+    state_dir = "gateway-state"      # group keys, enrollment bundles, the embedded database
+    state = "postgresql://gw:secret@db/gateway"   # the state database that replicas share:
+                                     # devices (hashed tokens), groups, revocations, rollouts,
+                                     # reports; default: sqlite:///<state_dir>/gateway.sqlite
     ota_repository = "ota"           # the signed update repository served to devices
     poll_interval_s = 2.0            # how often the repository is checked for changes
     max_body_bytes = 67108864        # larger requests: 413 / RESOURCE_EXHAUSTED
@@ -116,6 +119,7 @@ __all__ = [
     "load_config",
 ]
 
+DEFAULT_STATE_FILE = "gateway.sqlite"  # in state_dir, when no `state` URL is given
 GATEWAY_MQTT_USER = "_gateway"  # a device id cannot start with "_": no device can take it
 
 
@@ -243,12 +247,20 @@ def _backend(b: Fields, resolve: Callable[[str], Path]) -> BackendSettings:
     return settings
 
 
+def _state(fields: Fields) -> str | None:
+    url: str | None = fields.string("state", None)
+    if url is not None and not url.startswith(("sqlite:///", "postgresql://", "postgresql+")):
+        raise fields.fail("state", f"expected sqlite:///FILE or postgresql://..., got {url[:40]!r}")
+    return url
+
+
 @dataclass(frozen=True)
 class Overrides:
     """What the command line sets over the file (``None``: the file's value)."""
 
     repository: Path | None = None
     state_dir: Path | None = None
+    state: str | None = None
     host: str | None = None
     http_port: int | None = None
     grpc_port: int | None = None
@@ -280,11 +292,13 @@ class GatewayConfig:
     ota_repository: Path | None = None
     mqtt: MqttBridgeSettings | None = None
     backends: tuple[BackendSettings, ...] = ()
+    state: str | None = None  # the state database's URL (None: the embedded one)
     source: Path | None = None
 
     @property
-    def devices_file(self) -> Path:
-        return self.state_dir / "devices.json"
+    def state_url(self) -> str:
+        """The state database: ``state``, else SQLite in the state directory."""
+        return self.state or f"sqlite:///{Path(self.state_dir).resolve() / DEFAULT_STATE_FILE}"
 
     @property
     def mqtt_password_file(self) -> Path:
@@ -442,6 +456,7 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> Gatewa
         ota_repository=resolve(ota_repository) if ota_repository else None,
         mqtt=mqtt,
         backends=tuple(_backend(b, resolve) for b in fields.tables("backends", [])),
+        state=_state(fields),
         source=path,
     )
     fields.done()

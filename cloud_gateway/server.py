@@ -46,6 +46,7 @@ from cloud_gateway.rest.connections import (
     protocol_class,
     raise_descriptor_limit,
 )
+from cloud_gateway.state import StateDatabase, upgrade
 from edge_core.errors import ConfigError
 
 __all__ = ["Gateway", "GatewayThread"]
@@ -95,7 +96,11 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, backend: Backend | None = None) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.registry = DeviceRegistry(config.devices_file)
+        # opened (its schema checked, the devices read) in start(), once the ports are held
+        self.database = StateDatabase(config.state_url)
+        self.registry = DeviceRegistry(self.database, load=False)
+        self._registry_stop = threading.Event()
+        self._registry_thread: threading.Thread | None = None
         backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
         self.repository = ServingRepository(config.repository, backend)
         self.remotes = [RemoteBackend(settings) for settings in config.backends]
@@ -105,9 +110,7 @@ class Gateway:
         self._watch_tasks: list[asyncio.Task[None]] = []
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
-            self.ota = OtaService(
-                config.ota_repository, RolloutStore(config.state_dir / "rollouts.sqlite")
-            )
+            self.ota = OtaService(config.ota_repository, RolloutStore(self.database))
         self.app = create_app(self.plane, self.ota)
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
@@ -153,9 +156,16 @@ class Gateway:
         sock = self._listen_http()
         try:
             self._grpc = self._grpc_server(cap)
+            await asyncio.get_running_loop().run_in_executor(None, self._open_state)
         except BaseException:
             sock.close()
             raise
+        # the devices are read again in a thread of their own when they change: a
+        # revocation anywhere reaches this replica within a second, no request waits
+        self._registry_thread = threading.Thread(
+            target=self.registry.watch, args=(self._registry_stop,), name="registry", daemon=True
+        )
+        self._registry_thread.start()
         await self.plane.refresh()
         for remote in self.remotes:
             await self._check(remote)
@@ -220,6 +230,16 @@ class Gateway:
             await self.mqtt.start()
         if config.poll_interval_s > 0:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
+
+    def _open_state(self) -> None:
+        """The state database's schema brought up to date, the files of a gateway from
+        before it imported, the devices read. Raises: ConfigError."""
+        upgrade(self.database, legacy_dir=self.config.state_dir)
+        self.registry.refresh(force=True)
+        if not self.registry.loaded:
+            raise ConfigError(
+                f"the device registry could not be read from {self.registry.path}", field="state"
+            )
 
     def _listen_http(self) -> Listener:
         """The REST front end's socket, bound and listening.
@@ -317,13 +337,10 @@ class Gateway:
         if self.ota is None or not heard:
             return
         rollouts = self.ota.rollouts
-
-        def write() -> None:
-            for device, at in heard.items():
-                rollouts.seen(device, "request", at)
-
         try:
-            await asyncio.get_running_loop().run_in_executor(None, write)
+            await asyncio.get_running_loop().run_in_executor(
+                None, rollouts.seen_many, heard, "request"
+            )
         except Exception:
             log.exception("recording the devices heard from failed")
 
@@ -344,8 +361,10 @@ class Gateway:
         await self.plane.close()
         for remote in self.remotes:
             await remote.close()
-        if self.ota is not None:
-            self.ota.rollouts.close()
+        self._registry_stop.set()
+        if self._registry_thread is not None:
+            self._registry_thread.join(timeout=5)
+        self.database.close()
         while self._undo:
             self._undo.pop()()
 

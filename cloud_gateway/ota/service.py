@@ -78,8 +78,7 @@ class OtaService:
             }
 
         self.rollouts.seen(device.id, "update check")
-        versions = self.rollouts.plan(device.id, device.group)
-        aborted = self.rollouts.withdrawn(device.id, device.group)
+        versions, aborted = self.rollouts.assignment(device.id, device.group)
         return {
             "device": device.id,
             "group": device.group,

@@ -57,8 +57,8 @@ log = logging.getLogger(__name__)
 
 Array = np.ndarray[Any, Any]
 
-# The share of the time left kept for a refusal to travel back (at most 20 ms), as the
-# agent keeps it for the gateway's answer.
+# The share of the time left kept for an answer or a refusal to travel back (at most
+# 20 ms), as the agent keeps it for the gateway's answer.
 ANSWER_MARGIN = 0.1
 MAX_ANSWER_MARGIN_S = 0.02
 
@@ -268,6 +268,9 @@ class RemoteBackend:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise DeadlineExceeded("the deadline passed while waiting for the engine")
+            # the engine gives up a little before the caller does: its answer (past the
+            # deadline) comes back in time, and its work stops when nobody waits for it
+            remaining -= min(remaining * ANSWER_MARGIN, MAX_ANSWER_MARGIN_S)
             outgoing = InferRequest(
                 inputs=request.inputs,
                 datatypes=request.datatypes,

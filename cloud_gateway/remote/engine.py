@@ -33,7 +33,6 @@ or down, 408 and 504 past the deadline, anything else an engine error.)
 from __future__ import annotations
 
 import json
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any
@@ -223,8 +222,6 @@ class HttpEngine(Engine):
 
         super().__init__(settings, token)
         self._httpx = httpx
-        # httpx logs every request at INFO: one line a request is not the gateway's to write
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         verify: Any = True if settings.tls is None else client_context(settings.tls)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         # one connection per request in flight: the engine's HTTP/1.1 answers one at a time
