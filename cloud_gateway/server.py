@@ -99,6 +99,7 @@ class Gateway:
         # opened (its schema checked, the devices read) in start(), once the ports are held
         self.database = StateDatabase(config.state_url)
         self.registry = DeviceRegistry(self.database, load=False)
+        self.metrics.state_queries.set_function(lambda: self.database.queries)
         self._registry_stop = threading.Event()
         self._registry_thread: threading.Thread | None = None
         backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
@@ -315,6 +316,7 @@ class Gateway:
         if changed:
             self.repository.set_remote(remote.name, remote.models)
             await self.plane.apply(remote.models, before)
+        self.metrics.engine_up.labels(remote.name).set(1 if remote.up else 0)
 
     async def _watch(self, remote: RemoteBackend) -> None:
         while True:
