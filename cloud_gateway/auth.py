@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from cloud_gateway.state import schema
 from cloud_gateway.state.database import StateDatabase, describe
-from edge_core.errors import ConfigError, RateLimited, Unauthenticated
+from edge_core.errors import ConfigError, RateLimited, Unauthenticated, Unavailable
 
 __all__ = [
     "Device",
@@ -172,7 +172,7 @@ class DeviceRegistry:
                     hashes[row.id] = row.token_sha256
                     if row.mqtt_password:
                         mqtt[row.id] = row.mqtt_password
-        except sa.exc.SQLAlchemyError as exc:
+        except (sa.exc.SQLAlchemyError, Unavailable) as exc:
             raise ConfigError(f"the device registry is unreadable: {exc}", path=None) from exc
         self._devices, self._hashes, self._mqtt, self._serial = devices, hashes, mqtt, serial
 
@@ -190,7 +190,7 @@ class DeviceRegistry:
             if changed:
                 with self._lock:
                     self._load()
-        except (sa.exc.SQLAlchemyError, ConfigError) as exc:
+        except (sa.exc.SQLAlchemyError, ConfigError, Unavailable) as exc:
             log.warning("the device registry could not be read (the last copy serves): %s", exc)
             return False
         return changed

@@ -367,7 +367,38 @@ def run_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+PLAN_DEVICES = 100_000
+PLAN_ROLLOUT_S = 300.0  # a 100% rollout, announced, done within five minutes
+PLAN_CHECK_S = 3600.0  # the agent's periodic check ([ota] interval_s)
+PLAN_TELEMETRY_S = 30.0  # the agent's telemetry interval ([telemetry] interval_s)
+
+
+def plan_for(report: dict[str, Any], devices: int = PLAN_DEVICES) -> dict[str, Any]:
+    """What ``devices`` need, scaled from this run: the rate one core of this machine
+    sustained (the herd of the 100% rollout: checks and reports, with the replicas, the
+    database and the simulator on the same cores, so a core of a replica alone does
+    more), the statements per check, and the agent's default intervals."""
+    full = report["rollouts"][-1]
+    cores = max(int(report["machine"].get("cpus") or 1), 1)
+    per_core = full["requests_per_s"] / cores  # requests (a check, or a report) a second
+    needed = devices * 2 / PLAN_ROLLOUT_S  # a check and a report per device
+    queries = report["steady"]["queries_per_check"]
+    return {
+        "devices": devices,
+        "rollout_within_s": PLAN_ROLLOUT_S,
+        "requests_per_s_needed": round(needed, 1),
+        "measured_requests_per_s_per_core": round(per_core, 1),
+        "gateway_cores": round(needed / max(per_core, 1e-9), 1),
+        "replicas": max(2, -(-int(needed / max(per_core, 1e-9)) // 2)),  # 2 cores each, 2+
+        "database_statements_per_s": round(needed / 2 * queries + needed / 2 * 4, 1),
+        "steady_checks_per_s": round(devices / PLAN_CHECK_S, 1),
+        "telemetry_messages_per_s": round(devices / PLAN_TELEMETRY_S, 1),
+        "broker_connections": devices,
+    }
+
+
 def summarize_fleet(report: dict[str, Any]) -> None:
+    report["plan_100k"] = plan_for(report)
     ten, full = report["rollouts"]
     report["summary"] = {
         "devices": report["devices"],
@@ -408,6 +439,18 @@ def format_fleet(report: dict[str, Any]) -> str:
         f"database statements per update check: {steady['queries_per_check']} "
         f"(offered {steady['offered_per_s']} checks/s in the steady state)",
     ]
+    plan = report.get("plan_100k")
+    if plan:
+        lines.append(
+            f"scaled to {plan['devices']:,} devices (a 100% rollout within "
+            f"{plan['rollout_within_s']:g} s: {plan['requests_per_s_needed']:g} requests/s; "
+            f"measured {plan['measured_requests_per_s_per_core']:g}/s per core here): "
+            f"{plan['gateway_cores']:g} gateway cores, {plan['replicas']} replicas of 2 cores; "
+            f"the database {plan['database_statements_per_s']:g} statements/s at the peak, "
+            f"{plan['steady_checks_per_s']:g} checks/s between rollouts; the broker "
+            f"{plan['broker_connections']:,} connections, "
+            f"{plan['telemetry_messages_per_s']:g} telemetry messages/s"
+        )
     if "telemetry" in report:
         t = report["telemetry"]
         lines.append(f"telemetry: {t['messages']} QoS 1 messages in {t['seconds']} s "

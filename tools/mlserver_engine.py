@@ -191,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = model_dir(args.dir, ROOT / "models" / args.model / "1", args.variant)
     process = start(folder, args.http_port, args.grpc_port)
     print(f"mlserver ready: http://127.0.0.1:{args.http_port}, grpc://127.0.0.1:{args.grpc_port}")
+    import signal
+
+    # SIGTERM (a service manager, a script's kill) stops MLServer too, as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: process.terminate())
     try:
         process.wait()
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from edge_core.errors import ConfigError
+from edge_core.errors import ConfigError, Unavailable
 
 __all__ = ["StateDatabase", "describe", "open_state", "upgrade"]
 
@@ -108,9 +108,20 @@ class StateDatabase:
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[sa.Connection]:
-        """A connection in a transaction, committed when the block ends without error."""
-        with self.engine.begin() as connection:
-            yield connection
+        """A connection in a transaction, committed when the block ends without error.
+
+        Raises:
+            Unavailable: the database cannot be reached, or stayed locked (a 503 for a
+                request; the statement's own errors pass as they are).
+        """
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except sa.exc.OperationalError as exc:
+            raise Unavailable(
+                f"the state database {describe(self.url)} is unavailable: "
+                f"{str(exc.orig).strip().splitlines()[0][:200]}"
+            ) from exc
 
     def close(self) -> None:
         self.engine.dispose()
@@ -171,10 +182,10 @@ def upgrade(database: StateDatabase, *, legacy_dir: Path | None = None) -> str:
                 revision,
                 before or "empty",
             )
-    except sa.exc.SQLAlchemyError as exc:
+    except (sa.exc.SQLAlchemyError, Unavailable) as exc:
         raise ConfigError(
             f"the state database {describe(database.url)}: {exc.__class__.__name__}: "
-            f"{str(exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc).strip()[:300]}",
+            f"{str(getattr(exc, 'orig', None) or exc).strip()[:300]}",
             field="state",
         ) from exc
     return revision or ""
