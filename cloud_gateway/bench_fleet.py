@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import math
 import os
 import random
 import secrets
@@ -371,6 +372,7 @@ PLAN_DEVICES = 100_000
 PLAN_ROLLOUT_S = 300.0  # a 100% rollout, announced, done within five minutes
 PLAN_CHECK_S = 3600.0  # the agent's periodic check ([ota] interval_s)
 PLAN_TELEMETRY_S = 30.0  # the agent's telemetry interval ([telemetry] interval_s)
+REPORT_QUERIES = 4  # a report: two upserts (one transaction), the rollout read twice
 
 
 def plan_for(report: dict[str, Any], devices: int = PLAN_DEVICES) -> dict[str, Any]:
@@ -389,8 +391,8 @@ def plan_for(report: dict[str, Any], devices: int = PLAN_DEVICES) -> dict[str, A
         "requests_per_s_needed": round(needed, 1),
         "measured_requests_per_s_per_core": round(per_core, 1),
         "gateway_cores": round(needed / max(per_core, 1e-9), 1),
-        "replicas": max(2, -(-int(needed / max(per_core, 1e-9)) // 2)),  # 2 cores each, 2+
-        "database_statements_per_s": round(needed / 2 * queries + needed / 2 * 4, 1),
+        "replicas": max(2, math.ceil(needed / max(per_core, 1e-9) / 2)),  # 2 cores each
+        "database_statements_per_s": round(needed / 2 * queries + needed / 2 * REPORT_QUERIES, 1),
         "steady_checks_per_s": round(devices / PLAN_CHECK_S, 1),
         "telemetry_messages_per_s": round(devices / PLAN_TELEMETRY_S, 1),
         "broker_connections": devices,

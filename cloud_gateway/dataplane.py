@@ -71,7 +71,8 @@ class DataPlane:
         self.limiter = RateLimiter(
             config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
         )
-        self.heard: dict[str, float] = {}  # device -> when it last authenticated
+        # device -> when it was last heard from, and how (a request, an update check)
+        self.heard: dict[str, tuple[float, str]] = {}
         self._inference_cpus = config.inference_cpus
         self.executor = ThreadPoolExecutor(
             config.workers,
@@ -255,11 +256,16 @@ class DataPlane:
         if admin and device.role != "admin":
             raise PermissionDenied(f"device {device.id!r} may not manage the repository")
         self.limiter.check(device.id)
-        self.heard[device.id] = time.time()  # one entry a registered device: bounded
+        self.heard[device.id] = (time.time(), "request")  # one entry a device: bounded
         return device
 
-    def take_heard(self) -> dict[str, float]:
-        """The devices heard from since the last call, and when (for ``device list``)."""
+    def note_heard(self, device_id: str, what: str) -> None:
+        """Note that an authenticated device was heard from (``what``: an update check,
+        a report); written with the rest in a batch, not by the request."""
+        self.heard[device_id] = (time.time(), what)
+
+    def take_heard(self) -> dict[str, tuple[float, str]]:
+        """The devices heard from since the last call, when and how (``device list``)."""
         heard, self.heard = self.heard, {}
         return heard
 

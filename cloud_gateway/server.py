@@ -88,6 +88,10 @@ def _port_error(
     )
 
 
+# how often what devices were heard from is written (one statement a kind, for them all)
+HEARD_INTERVAL_S = 1.0
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -111,7 +115,9 @@ class Gateway:
         self._watch_tasks: list[asyncio.Task[None]] = []
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
-            self.ota = OtaService(config.ota_repository, RolloutStore(self.database))
+            self.ota = OtaService(
+                config.ota_repository, RolloutStore(self.database), heard=self.plane.note_heard
+            )
         self.app = create_app(self.plane, self.ota)
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
@@ -231,6 +237,7 @@ class Gateway:
             await self.mqtt.start()
         if config.poll_interval_s > 0:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
+        self._watch_tasks.append(asyncio.get_running_loop().create_task(self._heard_loop()))
 
     def _open_state(self) -> None:
         """The state database's schema brought up to date, the files of a gateway from
@@ -330,6 +337,10 @@ class Gateway:
                 await self.plane.refresh()
             except Exception:
                 log.exception("repository scan failed")
+
+    async def _heard_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARD_INTERVAL_S)
             await self._record_heard()
 
     async def _record_heard(self) -> None:
@@ -339,10 +350,16 @@ class Gateway:
         if self.ota is None or not heard:
             return
         rollouts = self.ota.rollouts
+        by_kind: dict[str, dict[str, float]] = {}
+        for device, (at, what) in heard.items():
+            by_kind.setdefault(what, {})[device] = at
+
+        def write() -> None:
+            for what, devices in by_kind.items():
+                rollouts.seen_many(devices, what)  # one statement a kind
+
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, rollouts.seen_many, heard, "request"
-            )
+            await asyncio.get_running_loop().run_in_executor(None, write)
         except Exception:
             log.exception("recording the devices heard from failed")
 

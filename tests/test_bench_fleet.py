@@ -27,6 +27,7 @@ def test_the_fleet_simulator_rolls_out_to_every_device(tmp_path: Path) -> None:
     assert full["installed"] == full["devices_in_slice"] == 60
     assert ten["installed"] == ten["devices_in_slice"] < 60
     assert report["summary"]["errors"] == 0
-    # an update check: the write that records it, the group's rollouts, the device's reports
-    assert 2.5 <= report["steady"]["queries_per_check"] <= 4.0
+    # an update check: the group's rollouts, the device's reports (that it checked is
+    # written once a second for every device heard from)
+    assert 1.8 <= report["steady"]["queries_per_check"] <= 3.0
     assert "rollout to 100%" in done.stdout
