@@ -309,3 +309,36 @@ def test_the_grpc_status_of_an_engine_error() -> None:
         "INTERNAL",
     )
     assert status_of(EngineUnavailable("x")).grpc == grpc.StatusCode.UNAVAILABLE.name
+
+
+def test_the_engine_http_client_reads_chunked_answers_and_reconnects() -> None:
+    """A real server on loopback: a chunked answer, then the connection closed at the
+    server's end (a keep-alive timeout): the next request goes on a fresh one."""
+    import asyncio
+
+    from cloud_gateway.remote.http1 import Client, TimedOut
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if served.append(1) or len(served) == 3:
+            return  # never answers
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")  # fmt: skip
+        await writer.drain()
+        writer.close()  # then closes the kept-alive connection
+
+    async def run() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = Client(f"http://127.0.0.1:{port}", size=2)
+        for _ in range(2):
+            answer = await client.request("GET", "/x", timeout=2)
+            assert (answer.status, answer.body) == (200, b"hello world")
+        with pytest.raises(TimedOut):
+            await client.request("GET", "/x", timeout=0.2)
+        await client.close()
+        server.close()
+
+    served: list[int] = []
+    asyncio.run(run())
+    assert len(served) == 3

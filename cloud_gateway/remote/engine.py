@@ -5,8 +5,9 @@ coroutines): :class:`GrpcEngine` speaks ``inference.GRPCInferenceService``
 through ``grpc.aio`` with the shared protobuf codec
 (:func:`~edge_core.protocol.grpc.request_to_proto`,
 :func:`~edge_core.protocol.grpc.response_from_proto`); :class:`HttpEngine`
-speaks the REST protocol with the binary tensor extension through
-``httpx.AsyncClient`` with the shared REST codec
+speaks the REST protocol with the binary tensor extension through a small
+HTTP/1.1 client on asyncio streams (:mod:`cloud_gateway.remote.http1`; why not
+httpx is said there) with the shared REST codec
 (:func:`~edge_core.protocol.rest.encode_infer_request`,
 :func:`~edge_core.protocol.rest.decode_infer_response`). Neither needs a
 thread: requests to the engine never take one of the gateway's inference
@@ -218,25 +219,43 @@ _HTTP_ERRORS: dict[int, type[RequestError]] = {
 
 class HttpEngine(Engine):
     def __init__(self, settings: BackendSettings, token: str | None) -> None:
-        import httpx
+        from cloud_gateway.remote.http1 import Client
 
         super().__init__(settings, token)
-        self._httpx = httpx
-        verify: Any = True if settings.tls is None else client_context(settings.tls)
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        # one connection per request in flight: the engine's HTTP/1.1 answers one at a time
-        limits = httpx.Limits(
-            max_connections=settings.max_in_flight,
-            max_keepalive_connections=settings.max_in_flight,
-        )
-        self._client = httpx.AsyncClient(
-            base_url=settings.address,
-            headers=headers,
-            verify=verify,
-            limits=limits,
-            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
+        # one connection per request in flight: HTTP/1.1 answers one at a time
+        self._client = Client(
+            settings.address,
+            size=settings.max_in_flight,
+            headers={"Authorization": f"Bearer {token}"} if token else None,
+            context=None if settings.tls is None else client_context(settings.tls),
+            connect_timeout=settings.connect_timeout_s,
         )
         self.binary = True  # the binary tensor extension, unless the engine lacks it
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        timeout: float,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> tuple[bytes, dict[str, str]]:
+        from cloud_gateway.remote.http1 import Malformed, TimedOut, Unreachable
+
+        try:
+            answer = await self._client.request(
+                method, path, body=body, headers=headers, timeout=max(timeout, 0.001)
+            )
+        except TimedOut as exc:
+            raise DeadlineExceeded(f"engine {self.name}: no answer within {timeout:.3f} s") from exc
+        except Unreachable as exc:
+            raise EngineUnreachable(f"engine {self.name} unreachable: {exc}") from exc
+        except Malformed as exc:
+            raise EngineError(f"engine {self.name}: {exc}") from exc
+        if answer.status != 200:
+            error = _HTTP_ERRORS.get(answer.status, EngineError)
+            raise error(f"engine {self.name} answered {answer.status}: {_said(answer.body)}")
+        return answer.body, answer.headers
 
     async def prepare(self) -> None:
         """Whether the engine takes binary tensors: its server metadata lists the
@@ -247,30 +266,6 @@ class HttpEngine(Engine):
         extensions = document.get("extensions") if isinstance(document, dict) else None
         self.binary = isinstance(extensions, list) and "binary_tensor_data" in extensions
 
-    async def _send(
-        self, method: str, path: str, timeout: float, **kwargs: Any
-    ) -> tuple[bytes, Any]:
-        httpx = self._httpx
-        try:
-            response = await self._client.request(
-                method,
-                path,
-                timeout=httpx.Timeout(
-                    max(timeout, 0.001), connect=min(self.settings.connect_timeout_s, timeout)
-                ),
-                **kwargs,
-            )
-        except httpx.TimeoutException as exc:
-            if isinstance(exc, httpx.ConnectTimeout):
-                raise EngineUnreachable(f"engine {self.name}: cannot connect in time") from exc
-            raise DeadlineExceeded(f"engine {self.name}: no answer within {timeout:.3f} s") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnreachable(f"engine {self.name} unreachable: {exc!r:.200}") from exc
-        if response.status_code != 200:
-            error = _HTTP_ERRORS.get(response.status_code, EngineError)
-            raise error(f"engine {self.name} answered {response.status_code}: {_said(response)}")
-        return response.content, response.headers
-
     async def ready(self) -> bool:
         try:
             await self._send("GET", "/v2/health/ready", self.settings.connect_timeout_s)
@@ -279,7 +274,13 @@ class HttpEngine(Engine):
         return True
 
     async def index(self) -> list[dict[str, str]]:
-        body, _ = await self._send("POST", "/v2/repository/index", self.settings.timeout_s, json={})
+        body, _ = await self._send(
+            "POST",
+            "/v2/repository/index",
+            self.settings.timeout_s,
+            b"{}",
+            {"Content-Type": "application/json"},
+        )
         entries = _json(body, self.name)
         if not isinstance(entries, list):
             raise EngineError(f"engine {self.name}: the repository index is not a list")
@@ -314,24 +315,24 @@ class HttpEngine(Engine):
         us = max(int(timeout * 1e6), 1)
         request = replace(request, parameters={**request.parameters, "timeout": us})
         body, header_length = encode_infer_request(request, binary=self.binary)
-        kind = "application/octet-stream" if self.binary else "application/json"
-        headers = {"content-type": kind}
+        headers = {"Content-Type": "application/json"}
         if header_length is not None:
-            headers[HEADER_LENGTH] = str(header_length)
+            headers = {
+                "Content-Type": "application/octet-stream",
+                HEADER_LENGTH: str(header_length),
+            }
         path = f"/v2/models/{quote(request.model_name, safe='')}"
         if request.model_version:
             path += f"/versions/{quote(request.model_version, safe='')}"
-        content, answer = await self._send(
-            "POST", path + "/infer", timeout, content=body, headers=headers
-        )
-        length = answer.get(HEADER_LENGTH)
+        content, answer = await self._send("POST", path + "/infer", timeout, body, headers)
+        length = answer.get(HEADER_LENGTH.lower())
         try:
             return decode_infer_response(content, int(length) if length else None)
         except (ProtocolError, ValueError) as exc:
             raise EngineError(f"engine {self.name}: a malformed answer: {exc}") from exc
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._client.close()
 
 
 def _json(body: bytes, engine: str) -> Any:
@@ -341,13 +342,13 @@ def _json(body: bytes, engine: str) -> Any:
         raise EngineError(f"engine {engine}: an answer that is not JSON") from exc
 
 
-def _said(response: Any) -> str:
+def _said(body: bytes) -> str:
     """What the engine said went wrong (Triton, MLServer and this gateway: ``error``)."""
     try:
-        document = json.loads(response.content)
+        document = json.loads(body)
         said = document.get("error") or document.get("detail") or document
     except (ValueError, AttributeError):
-        said = response.text
+        said = body.decode("utf-8", "replace")
     return str(said)[:300]
 
 
