@@ -25,7 +25,7 @@ from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS, ROOT
 from .support.postgres import PostgresCluster, postgres  # noqa: F401 - a fixture
-from .support.replicas import start_haproxy, start_mosquitto, start_replica
+from .support.replicas import Replica, start_haproxy, start_mosquitto, start_replica
 
 pytestmark = pytest.mark.slow
 
@@ -70,14 +70,16 @@ def test_two_replicas_behind_haproxy_survive_a_kill_9(
     password = tmp_path / "mqtt-gateway.password"
     cli(url, "--config", str(_settings(tmp_path, url, 1, repository, password)), "mqtt", "acl",
         "--out", str(tmp_path / "broker"))  # fmt: skip
-    broker, broker_port = start_mosquitto(
-        tmp_path, tmp_path / "broker" / "passwd", tmp_path / "broker" / "acl"
-    )
-    settings = _settings(tmp_path, url, broker_port, repository, password).read_text()
-    replicas = [start_replica(tmp_path, name, settings) for name in ("a", "b")]
-    haproxy, http_port, grpc_port = start_haproxy(tmp_path, *replicas)
-    balancer = f"127.0.0.1:{http_port}"
+    replicas: list[Replica] = []
+    haproxy = broker = None
     try:
+        broker, broker_port = start_mosquitto(
+            tmp_path, tmp_path / "broker" / "passwd", tmp_path / "broker" / "acl"
+        )
+        settings = _settings(tmp_path, url, broker_port, repository, password).read_text()
+        replicas += [start_replica(tmp_path, name, settings) for name in ("a", "b")]
+        haproxy, http_port, grpc_port = start_haproxy(tmp_path, *replicas)
+        balancer = f"127.0.0.1:{http_port}"
         # a rollout started through the command line reaches devices polling either
         # replica, or the balancer
         cli(url, "rollout", "start", "--name", "digits-light", "--version", "2",
@@ -157,11 +159,13 @@ def test_two_replicas_behind_haproxy_survive_a_kill_9(
     finally:
         for transport in [*clients.values(), mqtt] if "mqtt" in locals() else ():
             transport.close()
-        stop_process(haproxy)
+        if haproxy is not None:
+            stop_process(haproxy)
         for replica in replicas:
             if replica.process.poll() is None:
                 replica.stop()
-        stop_process(broker)
+        if broker is not None:
+            stop_process(broker)
 
 
 def _settings(tmp: Path, url: str, broker_port: int, repository: Path, password: Path) -> Path:
