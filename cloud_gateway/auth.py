@@ -1,38 +1,40 @@
 """Device authentication: per-device bearer tokens, stored hashed, and rate limits.
 
-A token is ``<device id>.<32 random bytes, base64url>``. The registry file
-(``devices.json`` in the state directory, mode 0600) keeps only the SHA-256 of
-each token: the tokens are 256-bit random values, so a fast hash is as strong
+A token is ``<device id>.<32 random bytes, base64url>``. The registry keeps
+only the SHA-256 of each token: the tokens are 256-bit random values, so a fast hash is as strong
 as a slow one here and lets every request be checked in microseconds. The
 token is printed once, when the device is added, and never stored.
 
 Each device also gets a Mosquitto-compatible hash of its token (its MQTT
 password; see ``cloud-gateway mqtt acl``), made while the token is known.
 
-The gateway re-reads the file when it changes (checked at most once a
-second), so ``cloud-gateway device add`` and ``device revoke`` take effect on
-a running gateway.
+The devices live in the state database (:mod:`cloud_gateway.state`), which
+every replica and the command line share; the gateway reads them again when
+they change (checked at most once a second), so ``cloud-gateway device add``
+and ``device revoke`` take effect on every running replica within a second.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
-import json
+import logging
 import os
 import re
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from edge_core.errors import ConfigError, RateLimited, Unauthenticated
+import sqlalchemy as sa
+
+from cloud_gateway.state import schema
+from cloud_gateway.state.database import StateDatabase, describe
+from edge_core.errors import ConfigError, RateLimited, Unauthenticated, Unavailable
 
 __all__ = [
     "Device",
@@ -43,6 +45,8 @@ __all__ = [
     "parse_bearer",
     "write_private",
 ]
+
+log = logging.getLogger(__name__)
 
 DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 ROLES = ("device", "admin")
@@ -111,75 +115,98 @@ class Device:
 
 
 class DeviceRegistry:
-    """The devices allowed to call the gateway, backed by a JSON file."""
+    """The devices allowed to call the gateway, in the state database.
 
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.path = path
+    Requests are checked against a copy in memory (a dict lookup and a hash);
+    the copy is read again when the database's change serial moved, which is
+    looked at most once a second (:meth:`refresh`), or every ``interval`` by
+    :meth:`watch` in a thread of its own (the gateway's: no request waits on the
+    database). So a revocation made anywhere, by any replica's command line, is
+    refused by every replica within a second.
+    """
+
+    def __init__(
+        self,
+        database: StateDatabase,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        load: bool = True,
+    ) -> None:
+        """``load``: read the devices now (else at the first :meth:`refresh`).
+
+        Raises: ConfigError (the database cannot be read)."""
+        self.database = database
+        self.path = describe(database.url)  # where it lives, for messages
         self._clock = clock
         self._lock = threading.Lock()
         self._devices: dict[str, Device] = {}
         self._hashes: dict[str, str] = {}
         self._mqtt: dict[str, str] = {}
-        self._stamp: tuple[int, int] | None = None
+        self._serial: int | None = None
         self._checked = float("-inf")
-        self._load()
+        self._watching = False
+        if load:
+            self._load()
 
-    # -- file ---------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        """Whether the devices have been read (at least once)."""
+        return self._serial is not None
 
-    def _file_stamp(self) -> tuple[int, int] | None:
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return stat.st_mtime_ns, stat.st_size
+    # -- database -------------------------------------------------------------
+
+    def _read_serial(self, connection: sa.Connection) -> int:
+        return int(connection.execute(sa.select(schema.serial.c.value)).scalar_one())
 
     def _load(self) -> None:
-        stamp = self._file_stamp()
         devices: dict[str, Device] = {}
         hashes: dict[str, str] = {}
         mqtt: dict[str, str] = {}
-        if stamp is not None:
-            try:
-                document = json.loads(self.path.read_text())
-                for device_id, entry in document.get("devices", {}).items():
-                    devices[device_id] = Device(
-                        id=device_id,
-                        group=str(entry["group"]),
-                        role=str(entry.get("role", "device")),
-                        revoked=bool(entry.get("revoked", False)),
-                        created=str(entry.get("created", "")),
+        try:
+            with self.database.begin() as connection:
+                serial = self._read_serial(connection)
+                for row in connection.execute(sa.select(schema.devices)):
+                    devices[row.id] = Device(
+                        row.id, row.grp, row.role, bool(row.revoked), row.created
                     )
-                    hashes[device_id] = str(entry["token_sha256"])
-                    if "mqtt_password" in entry:
-                        mqtt[device_id] = str(entry["mqtt_password"])
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise ConfigError(
-                    f"the device registry is unreadable: {exc}", path=self.path
-                ) from exc
-        self._devices, self._hashes, self._mqtt, self._stamp = devices, hashes, mqtt, stamp
+                    hashes[row.id] = row.token_sha256
+                    if row.mqtt_password:
+                        mqtt[row.id] = row.mqtt_password
+        except (sa.exc.SQLAlchemyError, Unavailable) as exc:
+            raise ConfigError(f"the device registry is unreadable: {exc}", path=None) from exc
+        self._devices, self._hashes, self._mqtt, self._serial = devices, hashes, mqtt, serial
 
-    def _save(self) -> None:
-        document: dict[str, Any] = {"version": 1, "devices": {}}
-        for device_id, device in sorted(self._devices.items()):
-            entry = asdict(device)
-            del entry["id"]
-            entry["token_sha256"] = self._hashes[device_id]
-            if device_id in self._mqtt:
-                entry["mqtt_password"] = self._mqtt[device_id]
-            document["devices"][device_id] = entry
-        write_private(self.path, (json.dumps(document, indent=2) + "\n").encode())
-        self._stamp = self._file_stamp()
-
-    def refresh(self, *, force: bool = False) -> None:
-        """Re-read the file if it changed (at most once a second unless ``force``)."""
+    def refresh(self, *, force: bool = False) -> bool:
+        """Read the devices again if they changed (at most once a second unless
+        ``force``); whether they had. A database that cannot be reached keeps the
+        last copy (logged)."""
         now = self._clock()
-        if not force and now - self._checked < 1.0:
-            return
+        if not force and (self._watching or now - self._checked < 1.0):
+            return False
         self._checked = now
-        if self._file_stamp() != self._stamp:
-            # a half-written file from another tool: keep the last good registry
-            with self._lock, contextlib.suppress(ConfigError):
-                self._load()
+        try:
+            with self.database.begin() as connection:
+                changed = self._read_serial(connection) != self._serial
+            if changed:
+                with self._lock:
+                    self._load()
+        except (sa.exc.SQLAlchemyError, ConfigError, Unavailable) as exc:
+            log.warning("the device registry could not be read (the last copy serves): %s", exc)
+            return False
+        return changed
+
+    def watch(self, stop: threading.Event, interval: float = 0.5) -> None:
+        """Refresh every ``interval`` until ``stop`` is set (run it in a thread); requests
+        then never read the database themselves."""
+        self._watching = True
+        try:
+            while not stop.wait(interval):
+                self.refresh(force=True)
+        finally:
+            self._watching = False
+
+    def _bump(self, connection: sa.Connection) -> None:
+        connection.execute(schema.serial.update().values(value=schema.serial.c.value + 1))
 
     # -- administration -------------------------------------------------------
 
@@ -201,18 +228,34 @@ class DeviceRegistry:
             raise ValueError(f"group {group!r} must be 1-64 letters, digits, '-' or '_'")
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        with self._lock:
-            self._load()
-            if device_id in self._devices and not replace:
-                raise ValueError(
-                    f"device {device_id!r} already exists (use --replace for a new token)"
-                )
-            token = f"{device_id}.{secrets.token_urlsafe(32)}"
-            created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            self._devices[device_id] = Device(device_id, group, role, False, created)
-            self._hashes[device_id] = _hash(token)
-            self._mqtt[device_id] = mosquitto_hash(token)
-            self._save()
+        token = f"{device_id}.{secrets.token_urlsafe(32)}"
+        row = {
+            "id": device_id,
+            "grp": group,
+            "role": role,
+            "revoked": False,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "token_sha256": _hash(token),
+            "mqtt_password": mosquitto_hash(token),
+        }
+        table = schema.devices
+        try:
+            with self.database.begin() as connection:
+                # the key decides: of two `device add` of one id, one fails
+                if replace:
+                    done = connection.execute(
+                        table.update().where(table.c.id == device_id).values(row)
+                    ).rowcount
+                    if not done:
+                        connection.execute(table.insert().values(row))
+                else:
+                    connection.execute(table.insert().values(row))
+                self._bump(connection)
+        except sa.exc.IntegrityError:
+            raise ValueError(
+                f"device {device_id!r} already exists (use --replace for a new token)"
+            ) from None
+        self.refresh(force=True)
         return token
 
     def revoke(self, device_id: str) -> Device:
@@ -221,15 +264,28 @@ class DeviceRegistry:
         Raises:
             KeyError: no such device.
         """
-        with self._lock:
-            self._load()
-            device = self._devices.get(device_id)
-            if device is None:
+        table = schema.devices
+        with self.database.begin() as connection:
+            done = connection.execute(
+                table.update().where(table.c.id == device_id).values(revoked=True)
+            ).rowcount
+            if not done:
                 raise KeyError(f"no device {device_id!r} in {self.path}")
-            revoked = Device(device.id, device.group, device.role, True, device.created)
-            self._devices[device_id] = revoked
-            self._save()
-        return revoked
+            self._bump(connection)
+        self.refresh(force=True)
+        return self._devices[device_id]
+
+    @classmethod
+    def add_to(cls, url: str, device_id: str, group: str, *, role: str = "device") -> str:
+        """Register a device in the state database at ``url`` (opened and closed here);
+        its token. Raises: as :meth:`add`, and ConfigError (the database)."""
+        from cloud_gateway.state import open_state
+
+        database = open_state(url)
+        try:
+            return cls(database).add(device_id, group, role=role)
+        finally:
+            database.close()
 
     def devices(self) -> list[Device]:
         return sorted(self._devices.values(), key=lambda d: d.id)
@@ -253,6 +309,10 @@ class DeviceRegistry:
             raise Unauthenticated("missing bearer token (Authorization: Bearer <token>)")
         self.refresh()
         device_id, dot, _ = token.partition(".")
+        if dot and device_id not in self._hashes and self._clock() - self._checked >= 0.1:
+            # a device added a moment ago: looked for now, not at the next check (at
+            # most ten times a second, whatever unknown ids clients send)
+            self.refresh(force=True)
         expected = self._hashes.get(device_id) if dot else None
         if expected is None or not hmac.compare_digest(expected, _hash(token)):
             raise Unauthenticated("invalid token")

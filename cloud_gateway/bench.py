@@ -112,6 +112,7 @@ def load(
     seconds: float,
     client: str = "raw",
     on_cpus: frozenset[int] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -134,6 +135,7 @@ def load(
         "--client",
         client,
         *(["--cpus", ",".join(map(str, sorted(on_cpus)))] if on_cpus else []),
+        *extra,
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
     if result.returncode != 0:
@@ -198,7 +200,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         (state / "repo").mkdir()
         (state / "repo" / package.name).symlink_to(package.root.parent)
-        token = DeviceRegistry(base.devices_file).add("bench", "bench")
+        token = DeviceRegistry.add_to(base.state_url, "bench", "bench")
         batching_on = BatchingSettings(
             max_batch_size=args.max_batch, max_queue_delay_us=args.delay_us
         )

@@ -6,7 +6,10 @@ A TOML file (every field optional; command-line flags override it)::
     http_port = 8000
     grpc_port = 8001
     repository = "models"            # relative paths are relative to this file
-    state_dir = "gateway-state"      # devices.json (hashed tokens), group keys, rollouts
+    state_dir = "gateway-state"      # group keys, enrollment bundles, the embedded database
+    state = "postgresql://gw:secret@db/gateway"   # the state database that replicas share:
+                                     # devices (hashed tokens), groups, revocations, rollouts,
+                                     # reports; default: sqlite:///<state_dir>/gateway.sqlite
     ota_repository = "ota"           # the signed update repository served to devices
     poll_interval_s = 2.0            # how often the repository is checked for changes
     max_body_bytes = 67108864        # larger requests: 413 / RESOURCE_EXHAUSTED
@@ -66,6 +69,22 @@ A TOML file (every field optional; command-line flags override it)::
     [mqtt.tls]
     ca = "ca.pem"                    # and cert/key for a client certificate
 
+    [[backends]]                     # an Open Inference Protocol engine (Triton, KServe,
+                                     # MLServer, another cloud-gateway) that runs models for
+                                     # the gateway; none: every model runs in this process
+    url = "grpc://engine:8001"       # grpc://, grpcs:// (TLS), http://, https://
+    name = "engine"                  # in logs, metrics and readiness (default: the URL)
+    models = "all"                   # "all": what the engine's repository index lists as
+                                     # READY; or a list of model names
+    timeout_s = 30.0                 # a request without a deadline of its own
+    connect_timeout_s = 2.0          # a connection to the engine
+    max_in_flight = 64               # requests out to the engine at once; more wait
+                                     # within their deadline, then 503
+    health_interval_s = 1.0          # how often the engine's readiness is checked
+    token_file = "engine.token"      # sent as Authorization: Bearer (mode 0600)
+    [backends.tls]                   # as [mqtt.tls] (grpcs:// or https://)
+    ca = "ca.pem"
+
 A wrong field fails at start with the file, the field and what was expected.
 docs/limits.md lists every limit and timeout with what happens
 when it is hit.
@@ -73,18 +92,23 @@ when it is hit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from pathlib import Path
+from typing import Any
 
 from cloud_gateway import cpus
 from edge_core.errors import ConfigError
 from edge_core.fields import Fields, load_document, resolver
 from edge_core.mqtt import MqttSettings, read_mqtt
+from edge_core.names import MODEL_NAME_RULE, is_model_name
 from edge_core.package import FORMATS, PRECISIONS
 from edge_core.runtime import RuntimeOptions
+from edge_core.tls import TLSSettings, read_tls
 
 __all__ = [
+    "BackendSettings",
     "BatchingSettings",
     "ConnectionSettings",
     "GatewayConfig",
@@ -95,6 +119,7 @@ __all__ = [
     "load_config",
 ]
 
+DEFAULT_STATE_FILE = "gateway.sqlite"  # in state_dir, when no `state` URL is given
 GATEWAY_MQTT_USER = "_gateway"  # a device id cannot start with "_": no device can take it
 
 
@@ -162,11 +187,80 @@ class MqttBridgeSettings(MqttSettings):
 
 
 @dataclass(frozen=True)
+class BackendSettings:
+    """A remote Open Inference Protocol engine (``[[backends]]``): its models are
+    forwarded to it, never batched or run here. ``models``: ``None`` for every model
+    the engine's repository index lists as ready."""
+
+    url: str
+    protocol: str  # grpc | http, from the URL's scheme
+    address: str  # host:port (gRPC) or the base URL (HTTP)
+    name: str = ""
+    models: tuple[str, ...] | None = None
+    timeout_s: float = 30.0
+    connect_timeout_s: float = 2.0
+    max_in_flight: int = 64
+    health_interval_s: float = 1.0
+    token_file: Path | None = None
+    tls: TLSSettings | None = None
+
+
+_SCHEMES = {"grpc": ("grpc", False), "grpcs": ("grpc", True), "http": ("http", False)}
+_SCHEMES["https"] = ("http", True)
+
+
+def _backend(b: Fields, resolve: Callable[[str], Path]) -> BackendSettings:
+    url = b.string("url")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in _SCHEMES or not rest.strip("/"):
+        expected = "grpc://, grpcs://, http:// or https://HOST:PORT"
+        raise b.fail("url", f"expected {expected}, got {url!r}")
+    protocol, secure = _SCHEMES[scheme]
+    tls = read_tls(b, resolve)
+    if secure and tls is None:
+        tls = TLSSettings()  # the system's CAs
+    if tls is not None and not secure:
+        raise b.fail("tls", f"a [tls] table needs grpcs:// or https://, not {scheme}://")
+    models: Any = b.raw("models", "all")
+    if models == "all":
+        names = None
+    elif isinstance(models, list) and models and all(is_model_name(m) for m in models):
+        names = tuple(models)
+    else:
+        raise b.fail("models", f'expected "all" or a list of model names ({MODEL_NAME_RULE})')
+    token_file = b.string("token_file", None)
+    default = BackendSettings(url="", protocol="", address="")
+    settings = BackendSettings(
+        url=url,
+        protocol=protocol,
+        address=rest.rstrip("/") if protocol == "grpc" else url.rstrip("/"),
+        name=b.string("name", url),
+        models=names,
+        timeout_s=b.number("timeout_s", default.timeout_s, minimum=0.001),
+        connect_timeout_s=b.number("connect_timeout_s", default.connect_timeout_s, minimum=0.001),
+        max_in_flight=b.integer("max_in_flight", default.max_in_flight, minimum=1),
+        health_interval_s=b.number("health_interval_s", default.health_interval_s, minimum=0.05),
+        token_file=resolve(token_file) if token_file else None,
+        tls=tls,
+    )
+    b.done()
+    return settings
+
+
+def _state(fields: Fields) -> str | None:
+    url: str | None = fields.string("state", None)
+    if url is not None and not url.startswith(("sqlite:///", "postgresql://", "postgresql+")):
+        raise fields.fail("state", f"expected sqlite:///FILE or postgresql://..., got {url[:40]!r}")
+    return url
+
+
+@dataclass(frozen=True)
 class Overrides:
     """What the command line sets over the file (``None``: the file's value)."""
 
     repository: Path | None = None
     state_dir: Path | None = None
+    state: str | None = None
     host: str | None = None
     http_port: int | None = None
     grpc_port: int | None = None
@@ -197,11 +291,14 @@ class GatewayConfig:
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
     ota_repository: Path | None = None
     mqtt: MqttBridgeSettings | None = None
+    backends: tuple[BackendSettings, ...] = ()
+    state: str | None = None  # the state database's URL (None: the embedded one)
     source: Path | None = None
 
     @property
-    def devices_file(self) -> Path:
-        return self.state_dir / "devices.json"
+    def state_url(self) -> str:
+        """The state database: ``state``, else SQLite in the state directory."""
+        return self.state or f"sqlite:///{Path(self.state_dir).resolve() / DEFAULT_STATE_FILE}"
 
     @property
     def mqtt_password_file(self) -> Path:
@@ -358,6 +455,8 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> Gatewa
         connections=_connections(fields.table("connections", None)),
         ota_repository=resolve(ota_repository) if ota_repository else None,
         mqtt=mqtt,
+        backends=tuple(_backend(b, resolve) for b in fields.tables("backends", [])),
+        state=_state(fields),
         source=path,
     )
     fields.done()

@@ -6,9 +6,11 @@ checks the model's name and version against the one rule of
 :mod:`edge_core.names` before anything is looked up (a 400 that gives the
 rule), checks the request against the model (names, datatypes, shapes), queues it in
 the model's batcher (or runs it directly when batching is off for the model),
-keeps its deadline, and returns an :class:`InferResponse`. Every error comes from
-the one error tree (:mod:`edge_core.errors`), which the front ends map
-to statuses through one table (:mod:`edge_core.status`).
+or, for a remote engine's model, forwards it on the event loop (never batched
+here: the engine batches), keeps its deadline, and returns an
+:class:`InferResponse`. Every error comes from the one error tree
+(:mod:`edge_core.errors`), which the front ends map to statuses through one
+table (:mod:`edge_core.status`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -29,8 +31,9 @@ from cloud_gateway.auth import Device, DeviceRegistry, RateLimiter
 from cloud_gateway.batching import DynamicBatcher
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.metrics import GatewayMetrics
+from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import LoadedModel, ServingRepository
-from edge_core.errors import BadRequest, DeadlineExceeded, PermissionDenied
+from edge_core.errors import BadRequest, DeadlineExceeded, EngineError, PermissionDenied
 from edge_core.names import check_model_name, is_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.status import status_of
@@ -58,15 +61,18 @@ class DataPlane:
         metrics: GatewayMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        remotes: Sequence[RemoteBackend] = (),
     ) -> None:
         self.config = config
         self.repository = repository
+        self.remotes = tuple(remotes)
         self.registry = registry
         self.metrics = metrics
         self.limiter = RateLimiter(
             config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
         )
-        self.heard: dict[str, float] = {}  # device -> when it last authenticated
+        # device -> when it was last heard from, and how (a request, an update check)
+        self.heard: dict[str, tuple[float, str]] = {}
         self._inference_cpus = config.inference_cpus
         self.executor = ThreadPoolExecutor(
             config.workers,
@@ -111,6 +117,11 @@ class DataPlane:
         with cpus.pinned(self._inference_cpus):
             return load(argument)
 
+    async def apply(self, added: list[LoadedModel], removed: list[LoadedModel]) -> None:
+        """Start serving ``added`` and stop ``removed`` (a remote engine's models)."""
+        async with self._change_lock():
+            await self._apply(added, removed)
+
     async def _apply(self, added: list[LoadedModel], removed: list[LoadedModel]) -> None:
         # stop first: a reloaded version has the same metric labels as the one it replaces
         for model in removed:
@@ -122,8 +133,8 @@ class DataPlane:
         package = model.package
         self.metrics.models_loaded.labels(package.name, str(package.version), model.variant).set(1)
         config = self.config.batching_for(package.name)
-        if not (config.enabled and model.batchable):
-            return
+        if not (config.enabled and model.batchable) or model.forward is not None:
+            return  # a remote engine's model: the engine batches
         name = package.qualified_name
 
         def on_batch(rows: int, waits: list[float], compute: float) -> None:
@@ -189,7 +200,16 @@ class DataPlane:
         return not self._stopping
 
     def ready(self) -> bool:
-        return self._ready and not self._stopping
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """Why the gateway is not ready (``None``: it is)."""
+        if self._stopping:
+            return "the gateway is stopping"
+        if not self._ready:
+            return "the gateway is loading its models"
+        down = [f"engine {r.name} is down ({r.reason})" for r in self.remotes if not r.up]
+        return "; ".join(down) or None
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
@@ -222,8 +242,7 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         """Raises: BadRequest (a malformed name or version), NotFound."""
-        self._model(name, version)
-        return not self._stopping
+        return self._model(name, version).is_ready() and not self._stopping
 
     # -- requests ------------------------------------------------------------------------
 
@@ -237,11 +256,16 @@ class DataPlane:
         if admin and device.role != "admin":
             raise PermissionDenied(f"device {device.id!r} may not manage the repository")
         self.limiter.check(device.id)
-        self.heard[device.id] = time.time()  # one entry a registered device: bounded
+        self.heard[device.id] = (time.time(), "request")  # one entry a device: bounded
         return device
 
-    def take_heard(self) -> dict[str, float]:
-        """The devices heard from since the last call, and when (for ``device list``)."""
+    def note_heard(self, device_id: str, what: str) -> None:
+        """Note that an authenticated device was heard from (``what``: an update check,
+        a report); written with the rest in a batch, not by the request."""
+        self.heard[device_id] = (time.time(), what)
+
+    def take_heard(self) -> dict[str, tuple[float, str]]:
+        """The devices heard from since the last call, when and how (``device list``)."""
         heard, self.heard = self.heard, {}
         return heard
 
@@ -252,6 +276,8 @@ class DataPlane:
         self.metrics.failures.labels(label, protocol, status_of(exc).kind).inc()
 
     def _feed(self, model: LoadedModel, request: InferRequest) -> dict[str, Array]:
+        if model.forward is not None and not model.inputs:
+            return request.inputs  # an engine that declares no inputs checks them itself
         expected = {spec.name: spec for spec in model.inputs}
         takes = ", ".join(repr(n) for n in expected)
         for name in expected:
@@ -323,7 +349,10 @@ class DataPlane:
                 raise DeadlineExceeded("the request's deadline had passed when it arrived")
             if device is not None:
                 self.metrics.device_requests.labels(device.id, device.group).inc()
-            outputs = await self._run(model, feed, deadline)
+            if model.forward is not None:
+                outputs = await self._forward(model, request, deadline)
+            else:
+                outputs = await self._run(model, feed, deadline)
             if wanted is not None:
                 outputs = {name: outputs[name] for name in wanted}
             response = InferResponse(
@@ -350,6 +379,19 @@ class DataPlane:
         self.metrics.requests.labels(model_label, protocol, "ok").inc()
         self.metrics.request_seconds.labels(model_label, protocol).observe(self._clock() - started)
         return response
+
+    async def _forward(
+        self, model: LoadedModel, request: InferRequest, deadline: float | None
+    ) -> dict[str, Array]:
+        """A remote engine's model: the request as it came, on the loop, no batcher."""
+        assert model.forward is not None
+        started = self._clock()
+        answer = await model.forward(request, deadline)
+        self.metrics.compute_seconds.labels(model.package.name).observe(self._clock() - started)
+        missing = [o.name for o in request.outputs or () if o.name not in answer.outputs]
+        if missing:
+            raise EngineError(f"engine {model.device} left out output(s) {', '.join(missing)}")
+        return answer.outputs
 
     async def _run(
         self, model: LoadedModel, feed: dict[str, Array], deadline: float | None

@@ -77,14 +77,18 @@ async def _grpc_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
 async def _http_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
     url = urlsplit(args.url if "://" in args.url else f"http://{args.url}")
     host, port = url.hostname or "127.0.0.1", url.port or 80
-    body, header_length = encode_infer_request(_request(args, x))  # binary tensors
+    # binary tensors, or JSON ones for an engine without the extension (MLServer)
+    body, header_length = encode_infer_request(_request(args, x), binary=not args.json_tensors)
+    binary = (
+        "Content-Type: application/octet-stream\r\n"
+        f"Inference-Header-Content-Length: {header_length}\r\n"
+    )
     head = (
         f"POST /v2/models/{args.model}/infer HTTP/1.1\r\n"
         f"Host: {f'[{host}]' if ':' in host else host}:{port}\r\n"
         f"Authorization: Bearer {args.token}\r\n"
-        "Content-Type: application/octet-stream\r\n"
-        f"Inference-Header-Content-Length: {header_length}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        + (binary if header_length is not None else "Content-Type: application/json\r\n")
+        + f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     message = head + body
     reader, writer = await asyncio.open_connection(host, port)
@@ -103,8 +107,11 @@ async def _http_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
         if lines[0].split()[1] != "200":
             raise BadAnswer(f"{lines[0]}: {body[:200]!r}")
         json_size = int(fields.get("inference-header-content-length", len(body)))
-        json.loads(body[:json_size])
-        if len(body) - json_size != expected:
+        document = json.loads(body[:json_size])
+        if json_size == len(body):  # JSON outputs
+            if len(document["outputs"][0]["data"]) * 4 != expected:
+                raise BadAnswer(f"unexpected outputs: {document['outputs']!r:.200}")
+        elif len(body) - json_size != expected:
             raise BadAnswer(f"{len(body) - json_size} bytes of outputs, expected {expected}")
 
     def close() -> None:
@@ -202,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--cpus", help="run on these cores only, e.g. 0 or 0,1")
+    parser.add_argument(
+        "--json-tensors", action="store_true", help="HTTP: tensors as JSON, not binary"
+    )
     args = parser.parse_args(argv)
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})

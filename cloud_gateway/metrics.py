@@ -130,5 +130,17 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.state_queries = Gauge(
+            "gateway_state_queries",
+            "Statements this gateway has run on the state database since it started.",
+            registry=r,
+        )
+        self.engine_up = Gauge(
+            "gateway_engine_up",
+            "Whether each remote engine ([[backends]]) answers its readiness check.",
+            ["engine"],
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -8,15 +8,18 @@ reloaded and swapped in, removed ones unloaded, all without a restart.
 
 The backend is a seam: :class:`EmbeddedBackend` runs models in this process
 with the agent's runtime layer (ONNX Runtime with the gateway's execution
-providers); a backend that forwards to a remote Open Inference Protocol
-cluster (Triton, KServe) implements the same :class:`Backend` protocol.
+providers). A remote engine's models
+(:class:`cloud_gateway.remote.RemoteBackend`: Triton, KServe, MLServer) are
+the same :class:`LoadedModel` values with a ``forward`` coroutine instead of a
+blocking ``run``; they join the repository with :meth:`ServingRepository.set_remote`
+and are served beside the local ones (a local model of the same name wins).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +30,7 @@ from edge_core.errors import BadRequest, EdgeError, NotFound, PackageError, Unav
 from edge_core.manifest import load_package
 from edge_core.names import parse_version
 from edge_core.package import MANIFEST, ModelPackage
+from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.runtime import RuntimeOptions, open_best, open_variant
 from edge_core.tensors import TensorSpec
 
@@ -37,9 +41,18 @@ log = logging.getLogger(__name__)
 Array = np.ndarray[Any, Any]
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class LoadedModel:
-    """A model version ready to run. ``run`` is thread-safe and blocking."""
+    """A model version ready to run. ``run`` is thread-safe and blocking.
+
+    ``forward``: a remote engine's model, run by that coroutine on the event loop
+    (the whole request and its deadline), never batched here; ``is_ready``: whether
+    it can take requests now (a remote engine's health).
+    """
 
     package: ModelPackage
     variant: str
@@ -50,6 +63,8 @@ class LoadedModel:
     run: Callable[[dict[str, Array]], dict[str, Array]]
     fingerprint: tuple[Any, ...] = ()
     close: Callable[[], None] = field(default=lambda: None)
+    forward: Callable[[InferRequest, float | None], Awaitable[InferResponse]] | None = None
+    is_ready: Callable[[], bool] = field(default=_always)
 
     @property
     def batchable(self) -> bool:
@@ -129,6 +144,7 @@ class ServingRepository:
         self._models: dict[str, dict[int, LoadedModel]] = {}
         self._failures: dict[tuple[str, int], _Failure] = {}
         self._unloaded: set[str] = set()  # names unloaded on request: not reloaded by scans
+        self._remote: dict[str, dict[str, dict[int, LoadedModel]]] = {}  # engine -> models
         self._lock = threading.Lock()
 
     def _on_disk(self) -> dict[tuple[str, int], Path]:
@@ -239,6 +255,23 @@ class ServingRepository:
         log.info("unloaded %s on request", name)
         return list(versions.values())
 
+    def set_remote(self, engine: str, models: list[LoadedModel]) -> None:
+        """The models ``engine`` serves now (replacing what it served before)."""
+        served: dict[str, dict[int, LoadedModel]] = {}
+        for model in models:
+            served.setdefault(model.package.name, {})[model.package.version] = model
+        with self._lock:
+            self._remote = {**self._remote, engine: served}
+
+    def _versions(self, name: str) -> dict[int, LoadedModel] | None:
+        versions = self._models.get(name)
+        if versions:
+            return versions
+        for served in self._remote.values():
+            if name in served:
+                return served[name]
+        return None
+
     def get(self, name: str, version: int | None = None) -> LoadedModel:
         """The loaded model ``name`` at ``version`` (``None``: the newest). A dict
         lookup: nothing of the name or the version reaches the filesystem.
@@ -246,7 +279,7 @@ class ServingRepository:
         Raises:
             NotFound: no such model or version is loaded.
         """
-        versions = self._models.get(name)
+        versions = self._versions(name)
         if not versions:
             raise NotFound(f"unknown model {name!r}")
         if version is None:
@@ -257,11 +290,15 @@ class ServingRepository:
         return versions[version]
 
     def versions(self, name: str) -> list[int]:
-        return sorted(self._models.get(name, {}))
+        return sorted(self._versions(name) or {})
 
     def loaded(self) -> Iterator[LoadedModel]:
         for versions in list(self._models.values()):
             yield from list(versions.values())
+        for served in list(self._remote.values()):
+            for name, versions in served.items():
+                if name not in self._models:
+                    yield from list(versions.values())
 
     def index(self) -> list[dict[str, Any]]:
         """Every model version on disk with its state (READY, UNAVAILABLE, UNLOADED)."""
@@ -277,4 +314,14 @@ class ServingRepository:
             else:
                 entry["state"] = "UNLOADED" if name in self._unloaded else "LOADING"
             rows.append(entry)
+        for engine, served in sorted(self._remote.items()):
+            for name, versions in sorted(served.items()):
+                if name in self._models:
+                    continue
+                for version, model in sorted(versions.items()):
+                    state = "READY" if model.is_ready() else "UNAVAILABLE"
+                    remote = {"name": name, "version": str(version), "state": state}
+                    if state != "READY":
+                        remote["reason"] = f"engine {engine} is down"
+                    rows.append(remote)
         return rows

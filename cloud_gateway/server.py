@@ -33,6 +33,7 @@ from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.mqtt.bridge import MqttBridge
 from cloud_gateway.ota.rollouts import RolloutStore
 from cloud_gateway.ota.service import OtaService
+from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
 from cloud_gateway.rest.app import create_app
 from cloud_gateway.rest.connections import (
@@ -45,6 +46,7 @@ from cloud_gateway.rest.connections import (
     protocol_class,
     raise_descriptor_limit,
 )
+from cloud_gateway.state import StateDatabase, upgrade
 from edge_core.errors import ConfigError
 
 __all__ = ["Gateway", "GatewayThread"]
@@ -86,6 +88,10 @@ def _port_error(
     )
 
 
+# how often what devices were heard from is written (one statement a kind, for them all)
+HEARD_INTERVAL_S = 1.0
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -94,14 +100,23 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, backend: Backend | None = None) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.registry = DeviceRegistry(config.devices_file)
+        # opened (its schema checked, the devices read) in start(), once the ports are held
+        self.database = StateDatabase(config.state_url)
+        self.registry = DeviceRegistry(self.database, load=False)
+        self.metrics.state_queries.set_function(lambda: self.database.queries)
+        self._registry_stop = threading.Event()
+        self._registry_thread: threading.Thread | None = None
         backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
         self.repository = ServingRepository(config.repository, backend)
-        self.plane = DataPlane(config, self.repository, self.registry, self.metrics)
+        self.remotes = [RemoteBackend(settings) for settings in config.backends]
+        self.plane = DataPlane(
+            config, self.repository, self.registry, self.metrics, remotes=self.remotes
+        )
+        self._watch_tasks: list[asyncio.Task[None]] = []
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
             self.ota = OtaService(
-                config.ota_repository, RolloutStore(config.state_dir / "rollouts.sqlite")
+                config.ota_repository, RolloutStore(self.database), heard=self.plane.note_heard
             )
         self.app = create_app(self.plane, self.ota)
         self.http_port = config.http_port
@@ -148,10 +163,20 @@ class Gateway:
         sock = self._listen_http()
         try:
             self._grpc = self._grpc_server(cap)
+            await asyncio.get_running_loop().run_in_executor(None, self._open_state)
         except BaseException:
             sock.close()
             raise
+        # the devices are read again in a thread of their own when they change: a
+        # revocation anywhere reaches this replica within a second, no request waits
+        self._registry_thread = threading.Thread(
+            target=self.registry.watch, args=(self._registry_stop,), name="registry", daemon=True
+        )
+        self._registry_thread.start()
         await self.plane.refresh()
+        for remote in self.remotes:
+            await self._check(remote)
+            self._watch_tasks.append(asyncio.get_running_loop().create_task(self._watch(remote)))
         loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
         log.info("models loaded: %s", ", ".join(loaded) or "none")
         log.info(
@@ -212,6 +237,17 @@ class Gateway:
             await self.mqtt.start()
         if config.poll_interval_s > 0:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
+        self._watch_tasks.append(asyncio.get_running_loop().create_task(self._heard_loop()))
+
+    def _open_state(self) -> None:
+        """The state database's schema brought up to date, the files of a gateway from
+        before it imported, the devices read. Raises: ConfigError."""
+        upgrade(self.database, legacy_dir=self.config.state_dir)
+        self.registry.refresh(force=True)
+        if not self.registry.loaded:
+            raise ConfigError(
+                f"the device registry could not be read from {self.registry.path}", field="state"
+            )
 
     def _listen_http(self) -> Listener:
         """The REST front end's socket, bound and listening.
@@ -276,6 +312,24 @@ class Gateway:
         self.grpc_port = port
         return server
 
+    async def _check(self, remote: RemoteBackend) -> None:
+        """One health check of an engine; its models join (or change) when it comes up."""
+        before = list(remote.models)
+        try:
+            changed = await remote.check()
+        except Exception:
+            log.exception("checking engine %s failed", remote.name)
+            return
+        if changed:
+            self.repository.set_remote(remote.name, remote.models)
+            await self.plane.apply(remote.models, before)
+        self.metrics.engine_up.labels(remote.name).set(1 if remote.up else 0)
+
+    async def _watch(self, remote: RemoteBackend) -> None:
+        while True:
+            await asyncio.sleep(remote.settings.health_interval_s)
+            await self._check(remote)
+
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
@@ -283,6 +337,10 @@ class Gateway:
                 await self.plane.refresh()
             except Exception:
                 log.exception("repository scan failed")
+
+    async def _heard_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARD_INTERVAL_S)
             await self._record_heard()
 
     async def _record_heard(self) -> None:
@@ -292,10 +350,13 @@ class Gateway:
         if self.ota is None or not heard:
             return
         rollouts = self.ota.rollouts
+        by_kind: dict[str, dict[str, float]] = {}
+        for device, (at, what) in heard.items():
+            by_kind.setdefault(what, {})[device] = at
 
         def write() -> None:
-            for device, at in heard.items():
-                rollouts.seen(device, "request", at)
+            for what, devices in by_kind.items():
+                rollouts.seen_many(devices, what)  # one statement a kind
 
         try:
             await asyncio.get_running_loop().run_in_executor(None, write)
@@ -303,10 +364,11 @@ class Gateway:
             log.exception("recording the devices heard from failed")
 
     async def stop(self) -> None:
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
+        for task in [self._poll_task, *self._watch_tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._record_heard()
         if self.mqtt is not None:
             await self.mqtt.stop()
@@ -316,8 +378,12 @@ class Gateway:
         if self._grpc is not None:
             await self._grpc.stop(grace=5)
         await self.plane.close()
-        if self.ota is not None:
-            self.ota.rollouts.close()
+        for remote in self.remotes:
+            await remote.close()
+        self._registry_stop.set()
+        if self._registry_thread is not None:
+            self._registry_thread.join(timeout=5)
+        self.database.close()
         while self._undo:
             self._undo.pop()()
 

@@ -199,7 +199,7 @@ def create_agent(
     offload = None
     online: Callable[[], bool] = _always
     if config.gateway is not None:
-        from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
+        from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transports
 
         gateway = config.gateway
         token = _device_token(config, enrollment)
@@ -214,8 +214,8 @@ def create_agent(
             transport = MqttTransport.of(connection, token=token)
             online = connection.is_connected
         else:
-            transport = make_transport(
-                gateway.protocol, gateway.address, token=token, tls=gateway.tls
+            transport = make_transports(
+                gateway.protocol, gateway.replicas, token=token, tls=gateway.tls
             )
 
         def preprocessing(model: str) -> Any:

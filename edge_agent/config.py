@@ -18,7 +18,10 @@ the sample models, local only)::
     state_dir = "/var/lib/edge-agent"   # the telemetry queue, OTA slots
 
     [gateway]                       # offload; absent: local only
-    address = "127.0.0.1:8001"      # (not for mqtt: requests go through the broker)
+    address = "127.0.0.1:8001"      # (not for mqtt: requests go through the broker); or a
+                                    # list of replicas, ["gw-a:8001", "gw-b:8001"]: round
+                                    # robin, and a request that cannot reach one goes to the
+                                    # next within its deadline
     protocol = "grpc"               # grpc | http | mqtt
     token_file = "device.token"     # or token = "..." (the file is better: mode 0600)
     retries = 2
@@ -144,11 +147,16 @@ STATE_DIR = Path("/var/lib/edge-agent")
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    address: str  # empty for mqtt
+    address: str  # the first of ``addresses``; empty for mqtt
     protocol: str = "grpc"
     token: str | None = None
     retries: int = 2
     tls: TLSSettings | None = None
+    addresses: tuple[str, ...] = ()  # every replica (default: ``address`` alone)
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.addresses or (self.address,)
 
 
 @dataclass(frozen=True)
@@ -365,8 +373,16 @@ def _gateway(fields: Fields, resolve: Callable[[str], Path]) -> GatewaySettings 
     protocol = g.string("protocol", GatewaySettings.protocol, choices=["grpc", "http", "mqtt"])
     if protocol == "mqtt" and not fields.has("mqtt"):
         raise g.fail("protocol", "mqtt needs an [mqtt] section (the broker)")
+    raw = g.raw("address", "" if protocol == "mqtt" else None)
+    if isinstance(raw, list) and raw and all(isinstance(a, str) and a for a in raw):
+        addresses = tuple(raw)
+    elif isinstance(raw, str) and (raw or protocol == "mqtt"):
+        addresses = (raw,)
+    else:
+        raise g.fail("address", 'expected "HOST:PORT" or a list of them (one per replica)')
     gateway = GatewaySettings(
-        address=g.string("address", "" if protocol == "mqtt" else None),
+        address=addresses[0],
+        addresses=addresses,
         protocol=protocol,
         token=token,
         retries=g.integer("retries", GatewaySettings.retries, minimum=0),

@@ -48,7 +48,11 @@ them with the status :func:`edge_core.status.status_of` gives::
         ├── PayloadTooLarge      body over the configured limit
         ├── RateLimited          the device's rate limit is spent
         ├── Unavailable          model not ready, no engine
-        │   └── Stopping         the server is stopping: no new requests
+        │   ├── Stopping         the server is stopping: no new requests
+        │   └── EngineUnavailable   the serving engine behind the gateway cannot be
+        │                        reached, is not ready, or is full (its max in flight)
+        ├── EngineError          the serving engine behind the gateway failed: its own
+        │                        internal error, a credential it refused, a bad answer
         └── DeadlineExceeded     the request's deadline passed
 """
 
@@ -68,6 +72,8 @@ __all__ = [
     "DownloadRefused",
     "DownloadStalled",
     "EdgeError",
+    "EngineError",
+    "EngineUnavailable",
     "InferenceError",
     "InputError",
     "IntegrityError",
@@ -296,3 +302,13 @@ class Stopping(Unavailable):
 
 class DeadlineExceeded(RequestError):
     pass
+
+
+class EngineUnavailable(Unavailable):
+    """The serving engine behind the gateway cannot be reached or is not ready."""
+
+
+class EngineError(RequestError):
+    """The serving engine behind the gateway failed (not the caller's fault, nor a
+    state that passes by itself): its internal error, a credential of the gateway's
+    that it refused, an answer that is not the protocol."""

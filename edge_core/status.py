@@ -16,6 +16,8 @@ from edge_core.errors import (
     BadRequest,
     DeadlineExceeded,
     EdgeError,
+    EngineError,
+    EngineUnavailable,
     InputError,
     ModelNotFoundError,
     NotFound,
@@ -54,6 +56,10 @@ _TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (PayloadTooLarge, 413, "RESOURCE_EXHAUSTED", "too_large"),
     (RateLimited, 429, "RESOURCE_EXHAUSTED", "rate_limited"),
     (Stopping, 503, "UNAVAILABLE", "stopping"),
+    # a remote engine's: down or full (retryable), or failed (502: the gateway's
+    # upstream failed, not the caller; INTERNAL, as the engine said or should have)
+    (EngineUnavailable, 503, "UNAVAILABLE", "engine_unavailable"),
+    (EngineError, 502, "INTERNAL", "engine_error"),
     (Unavailable, 503, "UNAVAILABLE", "unavailable"),
     (DeadlineExceeded, 504, "DEADLINE_EXCEEDED", "deadline_exceeded"),
     # the device's: the policy and the exit guard refuse, the cloud fails

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edge_core.fields import Fields
 
-__all__ = ["TLSSettings", "read_tls"]
+__all__ = ["TLSSettings", "client_context", "grpc_credentials", "read_tls"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,28 @@ def read_tls(fields: Fields, resolve: Callable[[str], Path]) -> TLSSettings | No
         raise t.fail("cert", "cert and key go together")
     t.done()
     return tls
+
+
+def client_context(tls: TLSSettings) -> Any:
+    """An ``ssl.SSLContext`` for an HTTPS client (httpx's ``verify``): ``tls``'s CA, or
+    the system's, and its client certificate when it has one."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
+    if tls.cert is not None:
+        context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
+    return context
+
+
+def grpc_credentials(tls: TLSSettings, options: list[tuple[str, Any]]) -> Any:
+    """``grpc.ssl_channel_credentials`` for ``tls``; the name checked in the server's
+    certificate, when overridden, is added to the channel's ``options``."""
+    import grpc
+
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None,
+    )

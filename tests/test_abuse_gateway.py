@@ -35,7 +35,6 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import ConnectionSettings
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.rest.connections import (
@@ -48,7 +47,7 @@ from edge_core.processes import free_port, stop_process
 from edge_core.protocol.grpc import pb
 
 from .support.backends import SlowBackend
-from .support.gateway import GatewayHandle, start_gateway
+from .support.gateway import GatewayHandle, registry_in, start_gateway
 from .support.paths import MODELS
 
 PATIENCE = 20.0
@@ -404,7 +403,7 @@ def test_a_gateway_short_of_descriptors_stays_responsive_and_its_log_small(
     tmp_path: Path,
 ) -> None:
     descriptors = 200
-    token = DeviceRegistry(tmp_path / "state" / "devices.json").add("cam-01", "rpi5-int8")
+    token = registry_in(tmp_path / "state").add("cam-01", "rpi5-int8")
     log_path = tmp_path / "gateway.log"
 
     def lower_limit() -> None:  # in the child only

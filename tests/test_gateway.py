@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from edge_core.repository import ModelRepository
 
 from .support.backends import SlowBackend
-from .support.gateway import GatewayHandle, start_gateway
+from .support.gateway import GatewayHandle, registry_in, start_gateway
 from .support.paths import MODELS
 
 
@@ -167,9 +167,7 @@ def test_missing_wrong_and_revoked_tokens(tmp_path: Path) -> None:
                 "digits-light", headers={"authorization": "Bearer nope.x"}
             )
         assert info.value.status() == "StatusCode.UNAUTHENTICATED"
-        from cloud_gateway.auth import DeviceRegistry
-
-        DeviceRegistry(handle.state_dir / "devices.json").revoke("cam-01")
+        registry_in(handle.state_dir).revoke("cam-01")
         time.sleep(1.1)  # the gateway re-reads the registry at most once a second
         assert http_request(handle.http_url, path, body, handle.headers()) == (
             401,

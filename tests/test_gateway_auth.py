@@ -1,26 +1,35 @@
-"""Device tokens (stored hashed, mode 0600), revocation, rate limits, and the device CLI."""
+"""Device tokens (stored hashed), revocation, rate limits, and the device CLI; every
+registry test on SQLite and on a real PostgreSQL (``state_url``)."""
 
 from __future__ import annotations
 
-import json
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from cloud_gateway.auth import DeviceRegistry, RateLimiter, TokenBucket, parse_bearer
+from cloud_gateway.state import open_state
 from edge_core.errors import RateLimited, Unauthenticated
 
+from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
 
-def test_tokens_are_stored_hashed_in_a_private_file(tmp_path: Path) -> None:
-    registry = DeviceRegistry(tmp_path / "devices.json")
+
+def registry_at(url: str, **kwargs) -> DeviceRegistry:  # type: ignore[no-untyped-def]
+    return DeviceRegistry(open_state(url), **kwargs)
+
+
+def test_tokens_are_stored_hashed(state_url: str) -> None:  # noqa: F811
+    registry = registry_at(state_url)
     token = registry.add("cam-01", "rpi5-int8")
-    text = (tmp_path / "devices.json").read_text()
+    with registry.database.begin() as connection:
+        rows = [tuple(r) for r in connection.execute(sa.text("SELECT * FROM devices"))]
+    text = repr(rows)
     assert token not in text and token.split(".", 1)[1] not in text
-    assert json.loads(text)["devices"]["cam-01"]["group"] == "rpi5-int8"
-    assert stat.S_IMODE((tmp_path / "devices.json").stat().st_mode) == 0o600
+    assert "rpi5-int8" in text
     assert registry.authenticate(token).id == "cam-01"
 
 
@@ -42,8 +51,8 @@ def test_a_private_write_follows_no_planted_link(tmp_path: Path) -> None:
     assert not any(p.name.endswith(".tmp") and not p.is_symlink() for p in tmp_path.iterdir())
 
 
-def test_wrong_missing_and_revoked_tokens_are_refused(tmp_path: Path) -> None:
-    registry = DeviceRegistry(tmp_path / "devices.json")
+def test_wrong_missing_and_revoked_tokens_are_refused(state_url: str) -> None:  # noqa: F811
+    registry = registry_at(state_url)
     token = registry.add("cam-01", "g")
     other = registry.add("cam-02", "g")
     with pytest.raises(Unauthenticated, match="missing bearer token"):
@@ -60,20 +69,20 @@ def test_wrong_missing_and_revoked_tokens_are_refused(tmp_path: Path) -> None:
     assert registry.authenticate(other).id == "cam-02"
 
 
-def test_a_running_registry_sees_changes_made_by_another(tmp_path: Path) -> None:
+def test_a_running_registry_sees_changes_made_by_another(state_url: str) -> None:  # noqa: F811
     now = [0.0]
-    served = DeviceRegistry(tmp_path / "devices.json", clock=lambda: now[0])
-    token = DeviceRegistry(tmp_path / "devices.json").add("cam-01", "g")
+    served = registry_at(state_url, clock=lambda: now[0])
+    token = registry_at(state_url).add("cam-01", "g")
     now[0] += 1.5
     assert served.authenticate(token).id == "cam-01"
-    DeviceRegistry(tmp_path / "devices.json").revoke("cam-01")
+    registry_at(state_url).revoke("cam-01")
     now[0] += 1.5
     with pytest.raises(Unauthenticated, match="revoked"):
         served.authenticate(token)
 
 
-def test_device_ids_and_duplicates_are_checked(tmp_path: Path) -> None:
-    registry = DeviceRegistry(tmp_path / "devices.json")
+def test_device_ids_and_duplicates_are_checked(state_url: str) -> None:  # noqa: F811
+    registry = registry_at(state_url)
     registry.add("cam-01", "g")
     with pytest.raises(ValueError, match="already exists"):
         registry.add("cam-01", "g")
@@ -124,13 +133,13 @@ def test_device_cli_prints_the_token_once(tmp_path: Path) -> None:
     token = result.stdout.strip()
     assert token.startswith("cam-07.") and len(token) > 40
     assert "shown only this once" in result.stderr
-    registry = DeviceRegistry(tmp_path / "devices.json")
+    registry = registry_at(f"sqlite:///{tmp_path / 'gateway.sqlite'}")
     assert registry.authenticate(token).group == "rpi5-int8"
     listing = gateway_cli("--state-dir", str(tmp_path), "device", "list").stdout
     assert "cam-07" in listing and token not in listing
     assert gateway_cli("--state-dir", str(tmp_path), "device", "revoke", "cam-07").returncode == 0
     with pytest.raises(Unauthenticated, match="revoked"):
-        DeviceRegistry(tmp_path / "devices.json").authenticate(token)
+        registry_at(f"sqlite:///{tmp_path / 'gateway.sqlite'}").authenticate(token)
     failed = gateway_cli("--state-dir", str(tmp_path), "device", "revoke", "nope")
     assert failed.returncode == 1
     assert "no device 'nope'" in failed.stderr and "Traceback" not in failed.stderr

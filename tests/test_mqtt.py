@@ -45,6 +45,7 @@ from edge_core.protocol.mqtt import (
 from edge_core.protocol.types import InferRequest, InferResponse
 
 from .support.broker import TestBroker
+from .support.gateway import registry_in
 from .support.mqtt_agent import CountingConnection
 from .support.paths import MODELS, ROOT
 
@@ -467,7 +468,7 @@ def running_fleet(
     generated files (the password and ACL files, or the dynamic security plugin's), and
     one gateway bridging it."""
     state = root / "state"
-    registry = DeviceRegistry(state / "devices.json")
+    registry = registry_in(state)
     tokens = {"cam-01": registry.add("cam-01", "g1"), "cam-02": registry.add("cam-02", "g2")}
     for device in revoked:
         tokens[device] = registry.add(device, "g1")
@@ -832,7 +833,7 @@ def test_a_rollout_announcement_starts_an_update_at_once(tmp_path: Path) -> None
     world = make_world(tmp_path)
     device = world.enroll("cam-07")
     password = ensure_gateway_password(world.state / "mqtt-gateway.password")
-    registry = DeviceRegistry(world.state / "devices.json")
+    registry = registry_in(world.state)
     write_broker_files(registry, tmp_path, gateway_user=GATEWAY_USER, gateway_password=password)
     broker = TestBroker(tmp_path / "broker", passwd=tmp_path / "passwd", acl=tmp_path / "acl")
     broker.start()
@@ -886,7 +887,7 @@ def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, cap
     from cloud_gateway.cli import main
 
     state = tmp_path / "state"
-    registry = DeviceRegistry(state / "devices.json")
+    registry = registry_in(state)
     registry.add("cam-01", "g1")
     registry.add("cam-02", "g2")
     registry.revoke("cam-02")

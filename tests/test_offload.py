@@ -100,6 +100,48 @@ def test_unavailable_is_retried_with_growing_jittered_pauses() -> None:
     assert offload.breaker.state == "closed"
 
 
+def test_replicas_take_turns_and_a_request_fails_over_within_its_deadline() -> None:
+    from edge_agent.offload import FailoverTransport
+
+    clock = Clock()
+    a, b = FakeTransport(clock, []), FakeTransport(clock, [])
+    replicas = FailoverTransport([a, b], clock=clock)
+    for _ in range(4):
+        replicas.infer(make_request(), timeout=1.0)
+    assert (len(a.timeouts), len(b.timeouts)) == (2, 2)  # round robin
+    # a replica that cannot be reached: the same request goes to the next, with what is left
+    a.errors = [OffloadUnavailable("connection reset")]
+    a.cost = 0.2
+    answer = replicas.infer(make_request(), timeout=1.0)
+    assert answer.outputs["y"].shape == (1, 1)
+    assert replicas.failovers == 1
+    assert b.timeouts[-1] == pytest.approx(0.8)
+    # every replica down: unavailable (the client's retries and breaker take it from there)
+    a.errors = [OffloadUnavailable("down")] * 2
+    b.errors = [OffloadUnavailable("down")] * 2
+    with pytest.raises(OffloadUnavailable, match="no gateway replica could be reached"):
+        replicas.infer(make_request(), timeout=1.0)
+    # a refusal or a timeout is the answer: not sent to another replica
+    a.errors = b.errors = [OffloadRejected("bad", status="400")]
+    before = len(a.timeouts) + len(b.timeouts)
+    with pytest.raises(OffloadRejected):
+        replicas.infer(make_request(), timeout=1.0)
+    assert len(a.timeouts) + len(b.timeouts) == before + 1
+
+
+def test_the_agent_takes_a_list_of_gateway_replicas(tmp_path: Path) -> None:
+    from edge_agent.config import load_agent_config
+    from edge_core.errors import ConfigError
+
+    path = tmp_path / "agent.toml"
+    path.write_text('[gateway]\naddress = ["gw-a:8001", "gw-b:8001"]\ntoken = "t"\n')
+    gateway = load_agent_config(path).gateway
+    assert gateway is not None and gateway.replicas == ("gw-a:8001", "gw-b:8001")
+    path.write_text('[gateway]\naddress = []\ntoken = "t"\n')
+    with pytest.raises(ConfigError, match="a list of them"):
+        load_agent_config(path)
+
+
 def test_retries_are_bounded_and_counted_by_the_breaker() -> None:
     clock = Clock()
     transport = FakeTransport(clock, [OffloadUnavailable("down")] * 10)

@@ -69,6 +69,7 @@ from .support.ota_world import (
     plan_answer,
 )
 from .support.paths import MODELS, PROFILES, ROOT
+from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
 
 PROFILE = ProfileStore(PROFILES).get("raspberry-pi-5")
 
@@ -1124,10 +1125,11 @@ def test_two_updaters_never_run_at_once(world: OtaWorld, tmp_path: Path) -> None
 # -- the gateway: rollouts, reports, the repository ---------------------------------------------
 
 
-def test_only_the_rollouts_own_slice_counts(tmp_path: Path) -> None:
+def test_only_the_rollouts_own_slice_counts(state_url: str) -> None:  # noqa: F811
     from cloud_gateway.ota.rollouts import RolloutStore, in_slice
+    from cloud_gateway.state import open_state
 
-    store = RolloutStore(tmp_path / "rollouts.sqlite")
+    store = RolloutStore(open_state(state_url))
     store.start("m", 2, "a", 50, failure_threshold=0.5)
     inside = [d for d in (f"d{i}" for i in range(100)) if in_slice(d, "m", 50)]
     outside = [d for d in (f"d{i}" for i in range(100)) if not in_slice(d, "m", 50)]
@@ -1159,10 +1161,13 @@ def test_only_the_rollouts_own_slice_counts(tmp_path: Path) -> None:
     store.close()
 
 
-def test_an_aborted_rollout_is_never_moved_by_a_concurrent_change(tmp_path: Path) -> None:
+def test_an_aborted_rollout_is_never_moved_by_a_concurrent_change(
+    state_url: str,  # noqa: F811
+) -> None:
     from cloud_gateway.ota.rollouts import RolloutStore
+    from cloud_gateway.state import open_state
 
-    other = RolloutStore(tmp_path / "rollouts.sqlite")
+    other = RolloutStore(open_state(state_url))
     armed = [False]
 
     def clock() -> float:  # another process aborts it while this one pauses it
@@ -1171,7 +1176,7 @@ def test_an_aborted_rollout_is_never_moved_by_a_concurrent_change(tmp_path: Path
             other.set_state("m", 2, "a", "aborted", "by another operator")
         return time.time()
 
-    store = RolloutStore(tmp_path / "rollouts.sqlite", clock=clock)
+    store = RolloutStore(open_state(state_url), clock=clock)
     store.start("m", 2, "a", 100)
     armed[0] = True
     with pytest.raises(KeyError, match="not aborted"):

@@ -91,6 +91,16 @@ BENCHMARKS: dict[str, Benchmark] = {
         "edge_agent.bench.faces:format_privacy",
     ),
     "build": Benchmark("Model build", "{command}", "edge_agent.toolchain.report:format_build"),
+    "remote": Benchmark(
+        "Gateway in front of a remote engine",
+        "{command}",
+        "cloud_gateway.bench_remote:format_remote",
+    ),
+    "fleet": Benchmark(
+        "Fleet simulation",
+        "{command}",
+        "cloud_gateway.bench_fleet:format_fleet",
+    ),
 }
 
 
@@ -219,7 +229,7 @@ def _command(kind: str, report: Report, name: str) -> str:
     command = benchmark.command.format(
         model=report.get("model", "?"),
         profile=report.get("profile", "?"),
-        command=report.get("command", "?"),
+        command=report.get("command", "?"),  # what the run was given (its engine, its fleet)
     )
     return f"`{command} --json bench-results/{name}.json` (`make bench-{name}`)"
 
@@ -326,7 +336,7 @@ def render_page(
 
 # the benchmarks `make bench` runs (its BENCHES), by the name of their JSON file
 _MAKE_NAMES = ("digits-light", "digits-heavy", "blazeface", "hybrid", "offload", "ota", "mqtt",
-               "service", "gateway", "faces")  # fmt: skip
+               "service", "gateway", "remote", "fleet-1k", "fleet-10k", "faces")  # fmt: skip
 
 
 def load_reports(results: Path, out: Path) -> dict[str, Report]:

@@ -140,6 +140,26 @@ def _p9(report: Report) -> Verdict:
     return "; ".join(parts), all(verdicts) if verdicts else None
 
 
+def _p10(report: Report) -> Verdict:
+    parts = [
+        f"{protocol}: {100 * s['throughput_loss']:.1f}% lost at {s['clients']} clients, "
+        f"p50 +{s['p50_added_ms']:.2f} ms"
+        for protocol, s in report["summary"].items()
+    ]
+    met = all(bool(s["meets_target"]) for s in report["summary"].values())
+    return f"{report['engine']}: " + "; ".join(parts), met
+
+
+def _p11(report: Report) -> Verdict:
+    s = report["summary"]
+    return (
+        f"{s['devices']} devices on {s['replicas']} replica(s): rollout to 10% in "
+        f"{s['rollout_10_s']} s, 100% in {s['rollout_100_s']} s; {s['requests_per_s']} req/s, "
+        f"p99 {s['p99_ms']} ms, {s['queries_per_check']} queries a check",
+        None,  # measured, not judged: the plan is judged by reading it
+    )
+
+
 @dataclass(frozen=True)
 class Target:
     id: str
@@ -171,9 +191,9 @@ TARGETS: tuple[Target, ...] = (
     Target("P9", "stream pipeline against a sequential capture loop", "≥ 1.5× frames/s; "
            "p99 ≤ 2 frame intervals + the slowest stage", "stream", _p9),
     Target("P10", "gateway in front of a remote engine", "≤ 15% throughput lost, "
-           "≤ 1 ms added at p50", ""),
+           "≤ 1 ms added at p50", "remote", _p10),
     Target("P11", "fleet simulation (1,000 and 10,000 devices)", "measured, and a "
-           "100,000-device plan from them", ""),
+           "100,000-device plan from them", "fleet", _p11),
     Target("P12", "the toolchain's INT8 on PP-OCRv4 det", "≥ 1.5× FP32 at batch 1, "
            "map IoU ≥ 0.9", "build", _p12),
 )  # fmt: skip

@@ -15,7 +15,13 @@
     cloud-gateway rollout status [--name N]
     cloud-gateway rollout pause|resume|abort --name N [--version V] [--group G]
     cloud-gateway mqtt acl --out DIR [--gateway-user NAME]
+    cloud-gateway db upgrade                      (the state database's schema, and old files)
     cloud-gateway bench [--json FILE] [--chart FILE]
+    cloud-gateway bench remote [--engine-grpc URL --engine-http URL] [--json FILE]
+    cloud-gateway bench fleet --devices N [--replicas 1|2] [--json FILE]
+
+Every command that reads or changes state opens the same database: ``--state URL``,
+else the configuration's ``state``, else SQLite in the state directory.
 
 Errors exit 1 with one line on stderr (``--debug`` adds the traceback).
 """
@@ -28,7 +34,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloud_gateway.cli import device_cmd, ota_cmd, rollout_cmd, serve_cmd
+from cloud_gateway.cli import db_cmd, device_cmd, ota_cmd, rollout_cmd, serve_cmd
 from edge_core.cli import run_command
 from edge_core.errors import EdgeError
 
@@ -45,13 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
     parser.add_argument("--config", type=Path, help="gateway configuration file (TOML)")
     parser.add_argument(
-        "--state-dir", type=Path, help="where devices.json lives (default: gateway-state)"
+        "--state-dir",
+        type=Path,
+        help="group keys, bundles, the embedded database (default: gateway-state)",
+    )
+    parser.add_argument(
+        "--state",
+        metavar="URL",
+        help="the state database (sqlite:///FILE or postgresql://...; default: the "
+        "configuration's state, else sqlite:///<state dir>/gateway.sqlite)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_cmd.register(commands)
     device_cmd.register(commands)
     ota_cmd.register(commands)
     rollout_cmd.register(commands)
+    db_cmd.register(commands)
     return parser
 
 
@@ -63,5 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"{PROG}: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.debug:
+        # a line a request (httpx: the remote backend) or a migration's every step
+        # (alembic) is the libraries' to say at debug level only
+        for chatty in ("httpx", "httpcore", "alembic"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     # an address in use or a file it cannot read is an error of the operator's too
     return run_command(args, prog=PROG, expected=(EdgeError, OSError))

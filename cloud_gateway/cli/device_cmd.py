@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cloud_gateway.cli.common import device_registry, ota_dir_of, state_dir_of
+from cloud_gateway.cli.common import device_registry, ota_dir_of, state_database, state_dir_of
 from cloud_gateway.config import GatewayConfig, MqttBridgeSettings, Overrides, load_config
 from edge_core.errors import EdgeError
 from edge_core.report import render_table
@@ -109,19 +109,19 @@ def _device_revoke(args: argparse.Namespace) -> int:
 
 
 def _device_list(args: argparse.Namespace) -> int:
+    from cloud_gateway.auth import DeviceRegistry
     from cloud_gateway.ota.rollouts import RolloutStore
 
-    database = state_dir_of(args) / "rollouts.sqlite"
-    store = RolloutStore(database) if database.is_file() else None
+    database = state_database(args)
     try:
-        seen = store.last_seen() if store is not None else {}
-        serving = store.serving() if store is not None else {}
+        store = RolloutStore(database)
+        seen, serving = store.last_seen(), store.serving()
+        devices = DeviceRegistry(database).devices()
     finally:
-        if store is not None:
-            store.close()
+        database.close()
     now = time.time()
     rows = []
-    for device in device_registry(args).devices():
+    for device in devices:
         state = "revoked" if device.revoked else "active"
         models = ", ".join(f"{n} v{v}" for n, v in sorted(serving.get(device.id, {}).items()))
         at, what = seen.get(device.id, (None, ""))

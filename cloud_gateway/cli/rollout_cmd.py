@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from cloud_gateway.cli.common import state_dir_of
+from cloud_gateway.cli.common import state_database
 from edge_core.errors import EdgeError
 
 __all__ = ["register"]
@@ -43,7 +43,7 @@ def register(commands: Any) -> None:
 def _rollouts(args: argparse.Namespace) -> Any:
     from cloud_gateway.ota.rollouts import RolloutStore
 
-    return RolloutStore(state_dir_of(args) / "rollouts.sqlite")
+    return RolloutStore(state_database(args))
 
 
 def _rollout_start(args: argparse.Namespace) -> int:

@@ -55,6 +55,12 @@ def register(commands: Any) -> None:
         "--chart", type=Path, help="draw throughput and p99 against concurrency (PNG)"
     )
     bench.set_defaults(run=_bench)
+    kinds = bench.add_subparsers(dest="bench_command", metavar="KIND")
+    from cloud_gateway.bench_fleet import register as register_fleet
+    from cloud_gateway.bench_remote import register as register_remote
+
+    register_remote(kinds)
+    register_fleet(kinds)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -89,6 +89,10 @@ class OtaRepository(SignedRepository):
         directory, _, base = path.rpartition("/")
         destination = self.targets_dir / directory / f"{info.hashes['sha256']}.{base}"
         destination.parent.mkdir(parents=True, exist_ok=True)
+        with local.open("rb") as handle:
+            os.fsync(handle.fileno())  # whole on disk before it has a name a device can ask for
+        # a rename within the repository's filesystem (the temporary folder is inside it):
+        # a replica reading the shared folder sees no file, or the whole file
         shutil.move(str(local), destination)
         return info
 

@@ -21,22 +21,25 @@ The plan a device is given (:meth:`RolloutStore.plan`):
   a device that runs it goes back, once the signed metadata withdraws it too
   (``cloud-gateway models withdraw``); the plan alone never moves a device back.
 
-State lives in SQLite (``<state>/rollouts.sqlite``) and survives restarts;
-the gateway and the command line share it, so every change of state is one
-conditional statement (an aborted rollout is never moved to another state by
-a concurrent pause or resume).
+State lives in the state database (:mod:`cloud_gateway.state`: SQLite, or a
+PostgreSQL that replicas share) and survives restarts; every replica and the
+command line share it, so every change of state is one conditional statement
+(an aborted rollout is never moved to another state by a concurrent pause or
+resume on another replica, and a report is one upsert keyed by device, model
+and version: sent twice, through two replicas, it is counted once).
 """
 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+import sqlalchemy as sa
+
+from cloud_gateway.state.database import StateDatabase
 
 # Reports that count against a rollout: the version itself failed on the device (no key,
 # withdrawn, unloadable, its smoke test). A refusal does not: metadata or a download that
@@ -46,7 +49,7 @@ from typing import Any
 # Refusals are counted and shown (`rollout status`), for the operator to see.
 FAILURES = ("failed",)
 
-__all__ = ["Rollout", "RolloutStore", "in_slice"]
+__all__ = ["Rollout", "RolloutStore", "decide", "in_slice"]
 
 STATES = ("active", "paused", "aborted")
 
@@ -74,74 +77,41 @@ class Rollout:
 
 
 class RolloutStore:
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, database: StateDatabase, *, clock: Callable[[], float] = time.time) -> None:
+        self.database = database
         self._clock = clock
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(
-            """
-            CREATE TABLE IF NOT EXISTS rollouts (
-                name TEXT NOT NULL, version INTEGER NOT NULL, grp TEXT NOT NULL,
-                percent REAL NOT NULL, state TEXT NOT NULL, failure_threshold REAL NOT NULL,
-                reason TEXT NOT NULL DEFAULT '', created REAL NOT NULL, updated REAL NOT NULL,
-                PRIMARY KEY (name, version, grp)
-            );
-            CREATE TABLE IF NOT EXISTS reports (
-                device TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL,
-                status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', at REAL NOT NULL,
-                PRIMARY KEY (device, name, version)
-            );
-            CREATE TABLE IF NOT EXISTS seen (
-                device TEXT PRIMARY KEY, at REAL NOT NULL, what TEXT NOT NULL DEFAULT ''
-            );
-            CREATE TABLE IF NOT EXISTS serving (
-                device TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL,
-                at REAL NOT NULL, PRIMARY KEY (device, name)
-            );
-            """
-        )
-        # columns added since the first release (an existing database gains them)
-        self._add_column("rollouts", "started", "REAL NOT NULL DEFAULT 0")
-        self._add_column("reports", "grp", "TEXT NOT NULL DEFAULT ''")
 
-    def _add_column(self, table: str, column: str, declaration: str) -> None:
-        columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-        if column not in columns:
-            try:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-            except sqlite3.OperationalError as exc:  # another process added it meanwhile
-                if "duplicate column" not in str(exc):
-                    raise
+    def _all(self, query: str, **args: Any) -> list[Any]:
+        with self.database.begin() as connection:
+            return list(connection.execute(sa.text(query), args))
+
+    def _run(self, query: str, **args: Any) -> int:
+        """One statement in its own transaction; the rows it changed."""
+        with self.database.begin() as connection:
+            return int(connection.execute(sa.text(query), args).rowcount)
 
     def close(self) -> None:
-        self._db.close()
+        """Nothing of its own to close: the database is its owner's."""
 
     _SELECT = (
         "SELECT name, version, grp, percent, state, failure_threshold, reason, created, updated "
         "FROM rollouts"
     )
 
-    def _rows(self, query: str, *args: Any) -> list[Rollout]:
-        with self._lock:
-            rows = self._db.execute(query, args).fetchall()
-        return [Rollout(*row) for row in rows]
+    def _rows(self, query: str, **args: Any) -> list[Rollout]:
+        return [Rollout(*row) for row in self._all(query, **args)]
 
     def get(self, name: str, version: int, group: str) -> Rollout | None:
         rows = self._rows(
-            self._SELECT + " WHERE name=? AND version=? AND grp=?",
-            name, version, group,
+            self._SELECT + " WHERE name=:name AND version=:version AND grp=:grp",
+            name=name, version=version, grp=group,
         )  # fmt: skip
         return rows[0] if rows else None
 
     def all(self, name: str | None = None) -> list[Rollout]:
         query = self._SELECT
         if name is not None:
-            return self._rows(query + " WHERE name=? ORDER BY version, grp", name)
+            return self._rows(query + " WHERE name=:name ORDER BY version, grp", name=name)
         return self._rows(query + " ORDER BY name, version, grp")
 
     def start(
@@ -157,15 +127,16 @@ class RolloutStore:
         if not 0 < failure_threshold <= 1:
             raise ValueError(f"failure threshold must be in (0, 1], got {failure_threshold}")
         now = self._clock()
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO rollouts (name, version, grp, percent, state, failure_threshold, "
-                "reason, created, updated, started) VALUES (?, ?, ?, ?, 'active', ?, '', ?, ?, ?) "
-                "ON CONFLICT (name, version, grp) DO UPDATE SET percent=excluded.percent, "
-                "state='active', failure_threshold=excluded.failure_threshold, reason='', "
-                "updated=excluded.updated, started=excluded.started",
-                (name, version, group, percent, failure_threshold, now, now, now),
-            )
+        self._run(
+            "INSERT INTO rollouts (name, version, grp, percent, state, failure_threshold, "
+            "reason, created, updated, started) VALUES (:name, :version, :grp, :percent, "
+            "'active', :threshold, '', :now, :now, :now) "
+            "ON CONFLICT (name, version, grp) DO UPDATE SET percent=excluded.percent, "
+            "state='active', failure_threshold=excluded.failure_threshold, reason='', "
+            "updated=excluded.updated, started=excluded.started",
+            name=name, version=version, grp=group, percent=percent,
+            threshold=failure_threshold, now=now,
+        )  # fmt: skip
         rollout = self.get(name, version, group)
         assert rollout is not None
         return rollout
@@ -176,33 +147,33 @@ class RolloutStore:
         """Pause, resume (``active``) or abort rollouts of ``name`` (optionally one version/group).
 
         Aborted rollouts stay aborted (``rollout start`` starts one again):
-        the change is one conditional ``UPDATE``, in one transaction with
-        reading which rollouts it changed.
+        the change is one conditional ``UPDATE ... RETURNING``, which says
+        which rollouts it changed.
 
         Raises:
             KeyError: no such rollout that is not aborted.
         """
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}")
-        now = self._clock()
         where = (
-            "name=? AND (? IS NULL OR version=?) AND (? IS NULL OR grp=?) AND state != 'aborted'"
+            "name=:name AND (:version IS NULL OR version=:version) "
+            "AND (:grp IS NULL OR grp=:grp) AND state != 'aborted'"
         )
-        args = (name, version, version, group, group)
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                keys = self._db.execute(
-                    f"SELECT version, grp FROM rollouts WHERE {where}", args
-                ).fetchall()
-                self._db.execute(
-                    f"UPDATE rollouts SET state=?, reason=?, updated=? WHERE {where}",
-                    (state, reason, now, *args),
+        with self.database.begin() as connection:
+            keys = [
+                (row[0], row[1])
+                for row in connection.execute(
+                    sa.text(
+                        f"UPDATE rollouts SET state=:state, reason=:reason, updated=:now "
+                        f"WHERE {where} RETURNING version, grp"
+                    ).bindparams(
+                        sa.bindparam("version", type_=sa.Integer),
+                        sa.bindparam("grp", type_=sa.String),
+                    ),
+                    {"name": name, "version": version, "grp": group, "state": state,
+                     "reason": reason, "now": self._clock()},
                 )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            ]  # fmt: skip
         if not keys:
             raise KeyError(
                 f"no rollout of {name}"
@@ -215,24 +186,30 @@ class RolloutStore:
 
     def seen(self, device: str, what: str, at: float | None = None) -> None:
         """The device was heard from (``what``: an update check, a request) now or ``at``."""
-        when = self._clock() if at is None else at
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO seen (device, at, what) VALUES (?, ?, ?) ON CONFLICT (device) "
-                "DO UPDATE SET at=excluded.at, what=excluded.what WHERE excluded.at > seen.at",
-                (device, when, what),
+        self.seen_many({device: self._clock() if at is None else at}, what)
+
+    def seen_many(self, heard: dict[str, float], what: str) -> None:
+        """Devices heard from, and when: one statement for them all."""
+        if not heard:
+            return
+        with self.database.begin() as connection:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO seen (device, at, what) VALUES (:device, :at, :what) "
+                    "ON CONFLICT (device) DO UPDATE SET at=excluded.at, what=excluded.what "
+                    "WHERE excluded.at > seen.at"
+                ),
+                [{"device": d, "at": at, "what": what} for d, at in heard.items()],
             )
 
     def last_seen(self) -> dict[str, tuple[float, str]]:
         """When each device was last heard from, and how."""
-        with self._lock:
-            rows = self._db.execute("SELECT device, at, what FROM seen").fetchall()
+        rows = self._all("SELECT device, at, what FROM seen")
         return {device: (at, what) for device, at, what in rows}
 
     def serving(self) -> dict[str, dict[str, int]]:
         """What each device says it serves now, by model (from its reports)."""
-        with self._lock:
-            rows = self._db.execute("SELECT device, name, version FROM serving").fetchall()
+        rows = self._all("SELECT device, name, version FROM serving")
         out: dict[str, dict[str, int]] = {}
         for device, name, version in rows:
             out.setdefault(device, {})[name] = version
@@ -240,12 +217,11 @@ class RolloutStore:
 
     def reports(self, name: str, version: int, group: str) -> list[dict[str, Any]]:
         """The reports of one rollout's devices, the newest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT device, status, detail, at FROM reports "
-                "WHERE name=? AND version=? AND grp=? ORDER BY at DESC",
-                (name, version, group),
-            ).fetchall()
+        rows = self._all(
+            "SELECT device, status, detail, at FROM reports "
+            "WHERE name=:name AND version=:version AND grp=:grp ORDER BY at DESC",
+            name=name, version=version, grp=group,
+        )  # fmt: skip
         return [{"device": d, "status": s, "detail": t, "at": a} for d, s, t, a in rows]
 
     def report(
@@ -265,23 +241,29 @@ class RolloutStore:
         Only the reports of devices in the rollout's slice of its group count.
         Returns the rollout if this report paused it.
         """
-        with self._lock:
+        now = self._clock()
+        with self.database.begin() as connection:
             if serving is not None:
-                self._db.execute(
-                    "INSERT INTO serving (device, name, version, at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (device, name) DO UPDATE SET version=excluded.version, "
-                    "at=excluded.at",
-                    (device, name, serving, self._clock()),
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO serving (device, name, version, at) "
+                        "VALUES (:device, :name, :serving, :now) ON CONFLICT (device, name) "
+                        "DO UPDATE SET version=excluded.version, at=excluded.at"
+                    ),
+                    {"device": device, "name": name, "serving": serving, "now": now},
                 )
             # a refusal of the metadata says nothing of a version the device installed
-            self._db.execute(
-                "INSERT INTO reports (device, name, version, status, detail, at, grp) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device, name, version) "
-                "DO UPDATE SET status=excluded.status, detail=excluded.detail, at=excluded.at, "
-                "grp=excluded.grp "
-                "WHERE NOT (excluded.status = 'refused' AND reports.status = 'installed')",
-                (device, name, version, status, detail[:500], self._clock(), group),
-            )
+            connection.execute(
+                sa.text(
+                    "INSERT INTO reports (device, name, version, status, detail, at, grp) "
+                    "VALUES (:device, :name, :version, :status, :detail, :now, :grp) "
+                    "ON CONFLICT (device, name, version) DO UPDATE SET status=excluded.status, "
+                    "detail=excluded.detail, at=excluded.at, grp=excluded.grp "
+                    "WHERE NOT (excluded.status = 'refused' AND reports.status = 'installed')"
+                ),
+                {"device": device, "name": name, "version": version, "status": status,
+                 "detail": detail[:500], "now": now, "grp": group},
+            )  # fmt: skip
         rollout = self.get(name, version, group)
         if rollout is None or rollout.state != "active" or status not in FAILURES:
             return None
@@ -295,23 +277,22 @@ class RolloutStore:
             f"paused itself: {failed} of {stats['reported']} reporting devices failed "
             f"(threshold {rollout.failure_threshold:.0%}); the last, {device}: {detail[:200]}"
         )
-        with self._lock:
-            paused = self._db.execute(
-                "UPDATE rollouts SET state='paused', reason=?, updated=? "
-                "WHERE name=? AND version=? AND grp=? AND state='active'",
-                (reason, self._clock(), name, version, group),
-            ).rowcount
+        paused = self._run(
+            "UPDATE rollouts SET state='paused', reason=:reason, updated=:now "
+            "WHERE name=:name AND version=:version AND grp=:grp AND state='active'",
+            reason=reason, now=self._clock(), name=name, version=version, grp=group,
+        )  # fmt: skip
         return self.get(name, version, group) if paused else None
 
     def stats(self, name: str, version: int, group: str) -> dict[str, int]:
         """Report counts of the rollout of ``name`` ``version`` to ``group``, from its slice."""
         rollout = self.get(name, version, group)
         percent = rollout.percent if rollout is not None else 0.0
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT device, status FROM reports WHERE name=? AND version=? AND grp=?",
-                (name, version, group),
-            ).fetchall()
+        rows = self._all(
+            "SELECT device, status FROM reports WHERE name=:name AND version=:version "
+            "AND grp=:grp",
+            name=name, version=version, grp=group,
+        )  # fmt: skip
         statuses = [status for device, status in rows if in_slice(device, name, percent)]
         return {
             "installed": statuses.count("installed"),
@@ -327,42 +308,39 @@ class RolloutStore:
 
     def device_report(self, device: str, name: str, version: int) -> tuple[str, str] | None:
         """The status and detail of the device's last report on ``name`` ``version``."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT status, detail FROM reports WHERE device=? AND name=? AND version=?",
-                (device, name, version),
-            ).fetchone()
+        rows = self._all(
+            "SELECT status, detail FROM reports WHERE device=:device AND name=:name "
+            "AND version=:version",
+            device=device, name=name, version=version,
+        )  # fmt: skip
+        row = rows[0] if rows else None
         return (str(row[0]), str(row[1])) if row else None
 
-    def _blocked(self, device: str, group: str) -> set[tuple[str, int]]:
-        """(name, version) pairs the device left or failed since their rollout last started."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT r.name, r.version FROM reports r JOIN rollouts o "
-                "ON o.name = r.name AND o.version = r.version AND o.grp = ? "
-                "WHERE r.device = ? AND r.status IN ('failed', 'rolled_back') "
-                "AND r.at >= o.started",
-                (group, device),
-            ).fetchall()
-        return {(name, version) for name, version in rows}
+    def assignment(self, device: str, group: str) -> tuple[dict[str, int], list[tuple[str, int]]]:
+        """What :meth:`plan` and :meth:`withdrawn` say, from two reads (the group's
+        rollouts, the device's reports): an update check costs the database that, and
+        the write that records it, however many rollouts the group has."""
+        with self.database.begin() as connection:
+            rollouts = list(
+                connection.execute(
+                    sa.text(
+                        "SELECT name, version, percent, state, started FROM rollouts WHERE grp=:grp"
+                    ),
+                    {"grp": group},
+                )
+            )
+            reports = {
+                (row.name, row.version): (row.status, row.at)
+                for row in connection.execute(
+                    sa.text("SELECT name, version, status, at FROM reports WHERE device=:device"),
+                    {"device": device},
+                )
+            }
+        return decide(device, rollouts, reports)
 
     def plan(self, device: str, group: str) -> dict[str, int]:
         """Model name -> the version this device should run (absent: no rollout for it)."""
-        blocked = self._blocked(device, group)
-        chosen: dict[str, int] = {}
-        for rollout in self._rows(self._SELECT + " WHERE grp=? AND state != 'aborted'", group):
-            if not in_slice(device, rollout.name, rollout.percent):
-                continue
-            if (rollout.name, rollout.version) in blocked:
-                continue
-            if (
-                rollout.state == "paused"
-                and self.device_status(device, rollout.name, rollout.version) != "installed"
-            ):
-                continue
-            if rollout.version > chosen.get(rollout.name, 0):
-                chosen[rollout.name] = rollout.version
-        return chosen
+        return self.assignment(device, group)[0]
 
     def withdrawn(self, device: str, group: str) -> list[tuple[str, int]]:
         """Aborted versions above what :meth:`plan` gives, that this device reported installed.
@@ -370,11 +348,32 @@ class RolloutStore:
         Only those: an agent older than the ``withdrawn`` mark would take
         such an entry for a version to install.
         """
-        chosen = self.plan(device, group)
-        found = set()
-        for rollout in self._rows(self._SELECT + " WHERE grp=? AND state = 'aborted'", group):
-            if rollout.version <= chosen.get(rollout.name, 0):
-                continue
-            if self.device_status(device, rollout.name, rollout.version) == "installed":
-                found.add((rollout.name, rollout.version))
-        return sorted(found)
+        return self.assignment(device, group)[1]
+
+
+def decide(
+    device: str, rollouts: list[Any], reports: dict[tuple[str, int], tuple[str, float]]
+) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """The plan of the module docstring, pure: the device's versions, and the aborted
+    versions it should leave. ``rollouts``: its group's (``name``, ``version``,
+    ``percent``, ``state``, ``started``); ``reports``: the device's, by (name, version),
+    (status, when)."""
+    chosen: dict[str, int] = {}
+    for rollout in rollouts:
+        if rollout.state == "aborted" or not in_slice(device, rollout.name, rollout.percent):
+            continue
+        status, at = reports.get((rollout.name, rollout.version), (None, 0.0))
+        if status in ("failed", "rolled_back") and at >= rollout.started:
+            continue  # left or failed since this rollout last started
+        if rollout.state == "paused" and status != "installed":
+            continue
+        if rollout.version > chosen.get(rollout.name, 0):
+            chosen[rollout.name] = rollout.version
+    withdrawn = {
+        (r.name, r.version)
+        for r in rollouts
+        if r.state == "aborted"
+        and r.version > chosen.get(r.name, 0)
+        and reports.get((r.name, r.version), ("",))[0] == "installed"
+    }
+    return chosen, sorted(withdrawn)

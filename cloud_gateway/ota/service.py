@@ -33,9 +33,18 @@ REPORT_STATUSES = ("installed", "failed", "rolled_back", "refused")
 
 
 class OtaService:
-    def __init__(self, repository: Path, rollouts: RolloutStore) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        rollouts: RolloutStore,
+        *,
+        heard: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """``heard(device, what)``: notes that a device checked or reported, for a batched
+        write (the gateway's); without it, each is written at once."""
         self.repository = Path(repository)
         self.rollouts = rollouts
+        self._heard = heard or rollouts.seen
         self.listeners: list[Callable[[Rollout], None]] = []  # told when a rollout changes
 
     def metadata_path(self, filename: str) -> Path:
@@ -77,9 +86,8 @@ class OtaService:
                 **extra,
             }
 
-        self.rollouts.seen(device.id, "update check")
-        versions = self.rollouts.plan(device.id, device.group)
-        aborted = self.rollouts.withdrawn(device.id, device.group)
+        self._heard(device.id, "update check")
+        versions, aborted = self.rollouts.assignment(device.id, device.group)
         return {
             "device": device.id,
             "group": device.group,
@@ -120,7 +128,7 @@ class OtaService:
             or not 1 <= serving <= MAX_VERSION
         ):
             raise BadRequest(f"report: 'serving' must be an integer from 1 to {MAX_VERSION}")
-        self.rollouts.seen(device.id, "update report")
+        self._heard(device.id, "update report")
         paused = self.rollouts.report(
             device.id, device.group, name, version, status, detail, serving=serving
         )

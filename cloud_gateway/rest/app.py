@@ -138,8 +138,9 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
 
     @app.get("/v2/health/ready", summary="Server readiness")
     async def ready() -> Response:
-        if not plane.ready():
-            raise Unavailable("the gateway is not ready")
+        why = plane.not_ready()
+        if why is not None:
+            raise Unavailable(f"the gateway is not ready: {why}")
         return Response(status_code=200)
 
     @app.get("/metrics", summary="Prometheus metrics")

@@ -13,7 +13,7 @@ from edge_agent.offload.base import Transport
 from edge_core.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
 from edge_core.protocol.grpc import pb, request_to_proto, response_from_proto
 from edge_core.protocol.types import InferRequest, InferResponse
-from edge_core.tls import TLSSettings
+from edge_core.tls import TLSSettings, grpc_credentials
 
 __all__ = ["GrpcTransport"]
 
@@ -45,13 +45,7 @@ class GrpcTransport(Transport):
         if tls is None:
             self._channel = grpc.insecure_channel(address, options=options)
         else:
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=tls.ca.read_bytes() if tls.ca else None,
-                private_key=tls.key.read_bytes() if tls.key else None,
-                certificate_chain=tls.cert.read_bytes() if tls.cert else None,
-            )
+            credentials = grpc_credentials(tls, options)
             self._channel = grpc.secure_channel(address, credentials, options=options)
         self._call = self._channel.unary_unary(
             METHOD,

@@ -25,7 +25,7 @@ from edge_core.protocol.rest import (
     encode_infer_request,
 )
 from edge_core.protocol.types import InferRequest, InferResponse
-from edge_core.tls import TLSSettings
+from edge_core.tls import TLSSettings, client_context
 
 __all__ = ["ANSWER_MARGIN", "HttpTransport", "gateway_timeout_us"]
 
@@ -56,12 +56,7 @@ class HttpTransport(Transport):
             base_url = ("https://" if tls else "http://") + base_url
         verify: Any = True
         if tls is not None:
-            import ssl
-
-            context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
-            if tls.cert is not None:
-                context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
-            verify = context
+            verify = client_context(tls)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=base_url, headers=headers, verify=verify)
         self.base_url = base_url

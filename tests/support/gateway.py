@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-__all__ = ["GatewayHandle", "start_gateway"]
+__all__ = ["GatewayHandle", "registry_in", "start_gateway"]
 
 
 class GatewayHandle:
@@ -38,9 +38,18 @@ def start_gateway(tmp: Path, repository: Path, backend=None, **overrides) -> Gat
 
     config = GatewayConfig(repository=repository, state_dir=tmp / "state", http_port=0, grpc_port=0)
     config = dataclasses.replace(config, **overrides)
-    registry = DeviceRegistry(config.devices_file)
-    device_token = registry.add("cam-01", "rpi5-int8")
-    admin_token = registry.add("ops", "operators", role="admin")
+    device_token = DeviceRegistry.add_to(config.state_url, "cam-01", "rpi5-int8")
+    admin_token = DeviceRegistry.add_to(config.state_url, "ops", "operators", role="admin")
     return GatewayHandle(
         GatewayThread(config, backend=backend), device_token, admin_token, config.state_dir
     )
+
+
+def registry_in(state_dir: Path):  # type: ignore[no-untyped-def]
+    """The device registry of the embedded state database of ``state_dir`` (what a
+    gateway with no ``state`` setting uses)."""
+    from cloud_gateway import GatewayConfig
+    from cloud_gateway.auth import DeviceRegistry
+    from cloud_gateway.state import open_state
+
+    return DeviceRegistry(open_state(GatewayConfig(Path("."), state_dir=state_dir).state_url))

@@ -91,7 +91,7 @@ class OtaWorld:
         return f"http://{self.gateway.http_url}"
 
     def enroll(self, device_id: str, group: str = GROUP) -> Device:
-        token = DeviceRegistry(self.state / "devices.json").add(device_id, group)
+        token = DeviceRegistry.add_to(self.gateway.gateway.config.state_url, device_id, group)
         private, _ = self.groups.ensure(group)
         bundle = self.root / f"{device_id}.bundle.json"
         write_bundle(
@@ -210,7 +210,7 @@ def make_world(tmp: Path) -> OtaWorld:
     # the gateway's own store for the device plan; the test's store writes the same file
     gateway = GatewayThread(config)
     return OtaWorld(
-        tmp, keys, repo, state, gateway, GroupKeys(state), RolloutStore(state / "rollouts.sqlite")
+        tmp, keys, repo, state, gateway, GroupKeys(state), RolloutStore(gateway.gateway.database)
     )
 
 

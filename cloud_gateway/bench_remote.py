@@ -1,0 +1,278 @@
+"""``cloud-gateway bench remote``: the gateway in front of a remote engine, against
+clients straight to that engine (P10).
+
+In one run, with the same closed-loop clients (:mod:`cloud_gateway.loadgen`) and
+the same request (one digits row):
+
+1. straight to the engine, over gRPC and over HTTP, at each client count;
+2. through a gateway whose ``[[backends]]`` entry forwards the model to that
+   engine (gRPC to gRPC, HTTP to HTTP): the device's token, the checks against
+   the model's metadata, rate limits and metrics on the way, no batching.
+
+The engine is, by default, a second ``cloud-gateway serve`` started here (the
+model embedded, its dynamic batching on); ``--engine-grpc`` and
+``--engine-http`` name one already running instead (MLServer, Triton:
+``python tools/mlserver_engine.py`` starts MLServer with the same model). The
+engine runs on the upper half of the cores, the gateway and the clients on the
+rest, as an engine runs on machines of its own. Target: at most 15% of the
+throughput lost at the highest client count, at most 1 ms added at p50 with one
+client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cloud_gateway import cpus
+from cloud_gateway.auth import DeviceRegistry, write_private
+from cloud_gateway.bench import inference_cores, load
+from cloud_gateway.config import BackendSettings, BatchingSettings, GatewayConfig
+from cloud_gateway.server import GatewayThread
+from edge_core.paths import default_model_dir
+from edge_core.processes import free_port, stop_process
+from edge_core.report import machine_info, render_table, write_json
+from edge_core.repository import ModelRepository
+
+__all__ = ["format_remote", "register", "run_remote"]
+
+TARGET_LOSS = 0.15
+TARGET_P50_ADDED_MS = 1.0
+
+
+def register(commands: Any) -> None:
+    remote = commands.add_parser(
+        "remote", help="the gateway in front of a remote engine, against clients straight to it"
+    )
+    remote.add_argument("--model", default="digits-heavy")
+    remote.add_argument("--engine-grpc", help="a running engine's gRPC URL (grpc://HOST:PORT)")
+    remote.add_argument("--engine-http", help="a running engine's HTTP URL (http://HOST:PORT)")
+    remote.add_argument("--engine-name", default="", help="what the engine is, for the report")
+    remote.add_argument("--engine-token-file", type=Path, help="a token the engine wants")
+    remote.add_argument(
+        "--json-tensors",
+        action="store_true",
+        help="HTTP clients send JSON tensors (an engine without the binary extension: MLServer)",
+    )
+    remote.add_argument("--clients", default="1,16", help="client counts")
+    remote.add_argument("--seconds", type=float, default=3.0, help="seconds per case")
+    remote.add_argument(
+        "--engine-cpus", default="auto", help="cores of the engine (auto: the upper half)"
+    )
+    remote.add_argument("--json", type=Path, help="write the results here")
+    remote.set_defaults(run=run_remote)
+
+
+def _wait_ready(url: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as answer:
+                answer.read()
+                return
+        except OSError:
+            if time.monotonic() > end:
+                raise RuntimeError(f"the engine at {url} was not ready in {timeout} s") from None
+            time.sleep(0.2)
+
+
+def _gateway_engine(
+    state: Path, model_root: Path, engine_cpus: frozenset[int] | None
+) -> tuple[subprocess.Popen[bytes], str, str, str, str]:
+    """A second ``cloud-gateway serve`` as the engine: its process, URLs and tokens."""
+    repo = state / "engine-repo"
+    repo.mkdir()
+    (repo / model_root.name).symlink_to(model_root)
+    http_port, grpc_port = free_port(), free_port()
+    url = f"sqlite:///{state / 'engine-state' / 'gateway.sqlite'}"
+    device = DeviceRegistry.add_to(url, "bench", "bench")
+    front = DeviceRegistry.add_to(url, "front", "operators", role="admin")
+    config = state / "engine.toml"
+    config.write_text(
+        f'repository = "{repo}"\nstate_dir = "{state / "engine-state"}"\n'
+        f"http_port = {http_port}\ngrpc_port = {grpc_port}\npoll_interval_s = 0\n"
+        f"workers = 1\nthreads = 1\n[batching]\nmax_batch_size = 64\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cloud_gateway", "--config", str(config), "serve"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "engine.log", "wb"),  # noqa: SIM115 - the child holds it
+        preexec_fn=(lambda: os.sched_setaffinity(0, engine_cpus)) if engine_cpus else None,
+    )
+    _wait_ready(f"http://127.0.0.1:{http_port}")
+    return process, f"grpc://127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}", device, front
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    package = ModelRepository(default_model_dir()).get(args.model)
+    x = package.evaluation()[0][:1].astype(np.float32)
+    clients = [int(c) for c in args.clients.split(",")]
+    engine_cpus = inference_cores(args.engine_cpus)
+    front_cpus = None if engine_cpus is None else cpus.others(engine_cpus)
+    report: dict[str, Any] = {
+        "benchmark": "remote",
+        "model": package.name,
+        "machine": machine_info(),
+        "engine_cpus": sorted(engine_cpus) if engine_cpus else None,
+        "front_cpus": sorted(front_cpus) if front_cpus else None,
+        "seconds_per_case": args.seconds,
+        "json_tensors": bool(args.json_tensors),
+        "command": "cloud-gateway bench remote"
+        + (f" --engine-grpc {args.engine_grpc}" if args.engine_grpc else "")
+        + (f" --engine-http {args.engine_http}" if args.engine_http else "")
+        + (" --json-tensors" if args.json_tensors else "")
+        + f" --clients {args.clients} --seconds {args.seconds:g}",
+        "cases": [],
+    }
+    if front_cpus:
+        os.sched_setaffinity(0, front_cpus)  # the gateway's threads, and the clients
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp)
+        data = state / "input.npy"
+        np.save(data, x)
+        process = None
+        if args.engine_grpc or args.engine_http:
+            engine_token = (
+                args.engine_token_file.read_text().strip() if args.engine_token_file else None
+            )
+            urls = {"grpc": args.engine_grpc, "http": args.engine_http}
+            direct_token = engine_token or "none"
+            report["engine"] = args.engine_name or "an engine already running"
+        else:
+            process, grpc_url, http_url, direct_token, engine_token = _gateway_engine(
+                state, package.root.parent, engine_cpus
+            )
+            urls = {"grpc": grpc_url, "http": http_url}
+            report["engine"] = "cloud-gateway serve (embedded ONNX Runtime, batching on)"
+        token_path = None
+        if engine_token:
+            token_path = state / "engine.token"
+            write_private(token_path, engine_token.encode())
+        try:
+            for protocol, url in urls.items():
+                if url:
+                    _cases(report, protocol, url, token_path, direct_token, state, data, clients)
+        finally:
+            if process is not None:
+                stop_process(process)
+    summarize_remote(report)
+    print(format_remote(report))
+    if args.json:
+        write_json(args.json, report)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _cases(
+    report: dict[str, Any],
+    protocol: str,
+    url: str,
+    token_path: Path | None,
+    direct_token: str,
+    state: Path,
+    data: Path,
+    clients: list[int],
+) -> None:
+    model = report["model"]
+    rest = url.partition("://")[2]
+    front_state = state / f"front-{protocol}"
+    (front_state / "repo").mkdir(parents=True)
+    settings = BackendSettings(
+        url=url,
+        protocol=protocol,
+        address=rest if protocol == "grpc" else url,
+        name=report["engine"],
+        models=(model,),
+        max_in_flight=max(clients) * 2,
+        token_file=token_path,
+    )
+    config = GatewayConfig(
+        repository=front_state / "repo",
+        state_dir=front_state,
+        http_port=0,
+        grpc_port=0,
+        poll_interval_s=0.0,
+        batching=BatchingSettings(enabled=False),
+        backends=(settings,),
+    )
+    token = DeviceRegistry.add_to(config.state_url, "bench", "bench")
+    gateway = GatewayThread(config)
+    try:
+        front_url = gateway.grpc_url if protocol == "grpc" else gateway.http_url
+        for count in clients:
+            paths = (("direct", rest, direct_token), ("gateway", front_url, token))
+            for path, target, key in paths:
+                print(f"{protocol} {path} clients={count} ...", flush=True)
+                extra = ("--json-tensors",) if report["json_tensors"] else ()
+                result = load(
+                    protocol, target, model, key, data, count, report["seconds_per_case"],
+                    extra=extra,
+                )  # fmt: skip
+                report["cases"].append(
+                    {"protocol": protocol, "path": path, "clients": count, **result}
+                )
+    finally:
+        gateway.stop()
+
+
+def summarize_remote(report: dict[str, Any]) -> None:
+    summary: dict[str, Any] = {}
+    for protocol in ("grpc", "http"):
+        cases = [c for c in report["cases"] if c["protocol"] == protocol]
+        if not cases:
+            continue
+        top, one = max(c["clients"] for c in cases), min(c["clients"] for c in cases)
+
+        def find(path: str, count: int, cases: list[dict[str, Any]] = cases) -> dict[str, Any]:
+            return next(c for c in cases if (c["path"], c["clients"]) == (path, count))
+
+        straight, through = find("direct", top), find("gateway", top)
+        loss = 1 - through["throughput_per_s"] / straight["throughput_per_s"]
+        added = find("gateway", one)["p50_ms"] - find("direct", one)["p50_ms"]
+        summary[protocol] = {
+            "clients": top,
+            "direct_per_s": find("direct", top)["throughput_per_s"],
+            "gateway_per_s": find("gateway", top)["throughput_per_s"],
+            "throughput_loss": round(loss, 3),
+            "p50_clients": one,
+            "p50_added_ms": round(added, 3),
+            "errors": sum(c["errors"] for c in cases),
+            "meets_target": loss <= TARGET_LOSS and added <= TARGET_P50_ADDED_MS,
+        }
+    report["summary"] = summary
+
+
+def format_remote(report: dict[str, Any]) -> str:
+    rows = [
+        [c["protocol"], c["path"], c["clients"], c["throughput_per_s"], c["p50_ms"], c["p99_ms"],
+         c["errors"]]
+        for c in report["cases"]
+    ]  # fmt: skip
+    placement = (
+        f"engine on cores {report['engine_cpus']}, gateway and clients on {report['front_cpus']}"
+        if report.get("engine_cpus")
+        else "every thread on every core"
+    )
+    lines = [
+        f"remote backend: {report['model']} on {report['engine']} "
+        f"({report['machine']['cpus']} CPUs, {placement})",
+        render_table(["protocol", "path", "clients", "req/s", "p50 ms", "p99 ms", "errors"], rows),
+    ]
+    for protocol, s in report["summary"].items():
+        lines.append(
+            f"{protocol}: {100 * s['throughput_loss']:.1f}% of the throughput lost at "
+            f"{s['clients']} clients ({s['direct_per_s']:.0f}/s straight, "
+            f"{s['gateway_per_s']:.0f}/s through the gateway), p50 +{s['p50_added_ms']:.2f} ms "
+            f"at {s['p50_clients']} client(s) ({'meets' if s['meets_target'] else 'misses'} "
+            "the target: <= 15% lost, <= 1 ms added)"
+        )
+    return "\n".join(lines)

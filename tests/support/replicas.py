@@ -1,0 +1,154 @@
+"""Gateway replicas as separate ``cloud-gateway serve`` processes (so that one can be
+killed with SIGKILL), HAProxy in front of them from ``deploy/haproxy.cfg`` and the
+broker from ``deploy/mosquitto.conf``: the files a deployment uses, run by the tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge_core.processes import free_port, stop_process
+
+from .paths import ROOT
+
+__all__ = ["Replica", "start_haproxy", "start_mosquitto", "start_replica", "wait_http"]
+
+DEPLOY = ROOT / "deploy"
+
+
+def wait_http(url: str, timeout: float = 30.0, *, status: int = 200) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == status:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        if time.monotonic() > end:
+            raise TimeoutError(f"{url} did not answer {status} within {timeout} s")
+        time.sleep(0.05)
+
+
+@dataclass
+class Replica:
+    name: str
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def kill(self) -> None:
+        """kill -9: no clean stop, no goodbye to the broker or the database."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def start_replica(root: Path, name: str, settings: str) -> Replica:
+    """``cloud-gateway serve`` with ``settings`` (TOML lines: repository, state, ...) and
+    its own ports and state directory."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    http_port, grpc_port = free_port(), free_port()
+    config = folder / "gateway.toml"
+    config.write_text(
+        f'state_dir = "{folder / "state"}"\nhttp_port = {http_port}\ngrpc_port = {grpc_port}\n'
+        + settings
+    )
+    log = folder / "gateway.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cloud_gateway", "--config", str(config), "serve"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115 - the child holds it
+        cwd=ROOT,
+    )
+    replica = Replica(name, process, http_port, grpc_port, log)
+    try:
+        wait_http(f"http://{replica.http_url}/v2/health/ready", 60)
+    except TimeoutError:
+        replica.kill()
+        raise RuntimeError(f"replica {name} did not start: {log.read_text()[-2000:]}") from None
+    return replica
+
+
+def start_haproxy(root: Path, a: Replica, b: Replica) -> tuple[subprocess.Popen[bytes], int, int]:
+    """HAProxy on ``deploy/haproxy.cfg`` in front of ``a`` and ``b``; its process and its
+    REST and gRPC ports, once both replicas are in."""
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    http_port, grpc_port = free_port(), free_port()
+    environment = {
+        **os.environ,
+        "LISTEN_HTTP": f"127.0.0.1:{http_port}",
+        "LISTEN_GRPC": f"127.0.0.1:{grpc_port}",
+        "GATEWAY_A": "127.0.0.1",
+        "GATEWAY_B": "127.0.0.1",
+        "HTTP_PORT_A": str(a.http_port),
+        "HTTP_PORT_B": str(b.http_port),
+        "GRPC_PORT_A": str(a.grpc_port),
+        "GRPC_PORT_B": str(b.grpc_port),
+    }
+    log = open(root / "haproxy.log", "wb")  # noqa: SIM115 - the child holds it
+    process = subprocess.Popen(
+        [binary, "-db", "-f", str(DEPLOY / "haproxy.cfg")],
+        env=environment,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    wait_http(f"http://127.0.0.1:{http_port}/v2/health/ready", 20)
+    return process, http_port, grpc_port
+
+
+def start_mosquitto(root: Path, passwd: Path, acl: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Mosquitto on ``deploy/mosquitto.conf``, with a free port and the test's files put
+    in for the deployment's paths."""
+    port = free_port()
+    data = root / "mosquitto-data"
+    data.mkdir()
+    put_in = {
+        "listener": f"listener {port} 127.0.0.1",
+        "password_file": f"password_file {passwd}",
+        "acl_file": f"acl_file {acl}",
+        "persistence_location": f"persistence_location {data}/",
+        "log_dest": f"log_dest file {root / 'mosquitto.log'}",
+    }
+    lines = []
+    for line in (DEPLOY / "mosquitto.conf").read_text().splitlines():
+        key = line.split(" ", 1)[0]
+        lines.append(put_in.get(key, line))
+    if os.geteuid() == 0:
+        lines.append("user root")  # the test's files are root's
+    config = root / "mosquitto.conf"
+    config.write_text("\n".join(lines) + "\n")
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    process = subprocess.Popen([binary, "-c", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)  # fmt: skip
+    end = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process, port
+        except OSError:
+            if process.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"mosquitto did not start from {config}") from None
+            time.sleep(0.02)
