@@ -69,6 +69,14 @@ A TOML file (every field optional; command-line flags override it)::
     [mqtt.tls]
     ca = "ca.pem"                    # and cert/key for a client certificate
 
+    [dashboard]                      # the fleet dashboard under /ui and its API under /api
+    enabled = true
+    history_hours = 24.0             # each device's history, one point a minute, kept this long
+    session_idle_s = 1800.0          # a sign-in unused this long ends
+    session_max_s = 43200.0          # and any sign-in after this long
+    max_sessions = 100               # sign-ins at once (the oldest ends first; 10 per admin)
+    refresh_s = 2.0                  # how often an open page asks for what changed
+
     [[backends]]                     # an Open Inference Protocol engine (Triton, KServe,
                                      # MLServer, another cloud-gateway) that runs models for
                                      # the gateway; none: every model runs in this process
@@ -111,6 +119,7 @@ __all__ = [
     "BackendSettings",
     "BatchingSettings",
     "ConnectionSettings",
+    "DashboardSettings",
     "GatewayConfig",
     "MqttBridgeSettings",
     "Overrides",
@@ -167,6 +176,23 @@ class ConnectionSettings:
     grpc_max_connection_age_s: float = 1800.0
     grpc_max_connection_age_grace_s: float = 30.0
     grpc_max_concurrent_streams: int = 100
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """The fleet dashboard (``[dashboard]``): pages under ``/ui``, its JSON API under
+    ``/api``, for admin tokens. ``history_hours``: how long each device's history (a
+    point a minute) is kept. ``session_idle_s``, ``session_max_s``: a sign-in ends when
+    unused this long, and after this long whatever. ``max_sessions``: sign-ins at once
+    (past it the least recently used ends; an admin keeps at most 10).
+    ``refresh_s``: how often an open page asks for what changed."""
+
+    enabled: bool = True
+    history_hours: float = 24.0
+    session_idle_s: float = 1800.0
+    session_max_s: float = 43200.0
+    max_sessions: int = 100
+    refresh_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +318,7 @@ class GatewayConfig:
     ota_repository: Path | None = None
     mqtt: MqttBridgeSettings | None = None
     backends: tuple[BackendSettings, ...] = ()
+    dashboard: DashboardSettings = field(default_factory=DashboardSettings)
     state: str | None = None  # the state database's URL (None: the embedded one)
     source: Path | None = None
 
@@ -353,6 +380,20 @@ def _connections(fields: Fields) -> ConnectionSettings:
         grpc_max_concurrent_streams=fields.integer(
             "grpc_max_concurrent_streams", base.grpc_max_concurrent_streams, minimum=1
         ),
+    )
+    fields.done()
+    return config
+
+
+def _dashboard(fields: Fields) -> DashboardSettings:
+    base = DashboardSettings()
+    config = DashboardSettings(
+        enabled=fields.boolean("enabled", base.enabled),
+        history_hours=fields.number("history_hours", base.history_hours, minimum=0.1),
+        session_idle_s=fields.number("session_idle_s", base.session_idle_s, minimum=10.0),
+        session_max_s=fields.number("session_max_s", base.session_max_s, minimum=10.0),
+        max_sessions=fields.integer("max_sessions", base.max_sessions, minimum=1),
+        refresh_s=fields.number("refresh_s", base.refresh_s, minimum=0.5),
     )
     fields.done()
     return config
@@ -456,6 +497,7 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> Gatewa
         ota_repository=resolve(ota_repository) if ota_repository else None,
         mqtt=mqtt,
         backends=tuple(_backend(b, resolve) for b in fields.tables("backends", [])),
+        dashboard=_dashboard(fields.table("dashboard", None)),
         state=_state(fields),
         source=path,
     )

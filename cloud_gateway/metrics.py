@@ -107,6 +107,25 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.telemetry_messages = Counter(
+            "gateway_telemetry_messages",
+            "Telemetry documents taken from devices, by how they came (mqtt, http).",
+            ["source"],
+            registry=r,
+        )
+        self.telemetry_dropped = Counter(
+            "gateway_telemetry_dropped",
+            "Telemetry messages dropped: unknown_device, malformed, topic.",
+            ["reason"],
+            registry=r,
+        )
+        self.dashboard_sign_ins = Counter(
+            "gateway_dashboard_sign_ins",
+            "Dashboard sign-ins, by outcome (ok, refused).",
+            ["outcome"],
+            registry=r,
+        )
+
         self.client_disconnects = Counter(
             "gateway_client_disconnects",
             "Requests whose client went away before their body was in.",

@@ -27,11 +27,17 @@ import uvicorn
 from cloud_gateway import cpus
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import GatewayConfig
+from cloud_gateway.dashboard.actions import Operations
+from cloud_gateway.dashboard.context import DashboardContext
+from cloud_gateway.dashboard.sessions import Sessions
 from cloud_gateway.dataplane import DataPlane
+from cloud_gateway.fleet.ingest import TelemetryIngest
+from cloud_gateway.fleet.store import FleetStore
+from cloud_gateway.fleet.views import FleetViews
 from cloud_gateway.grpc.servicer import InferenceServicer, add_to_server
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.mqtt.bridge import MqttBridge
-from cloud_gateway.ota.rollouts import RolloutStore
+from cloud_gateway.ota.rollouts import Rollout, RolloutStore
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import Backend, EmbeddedBackend, ServingRepository
@@ -90,6 +96,8 @@ def _port_error(
 
 # how often what devices were heard from is written (one statement a kind, for them all)
 HEARD_INTERVAL_S = 1.0
+TELEMETRY_INTERVAL_S = 1.0  # how often the telemetry taken is written (one batch)
+PRUNE_INTERVAL_S = 60.0  # how often the history past its hours and old sign-ins go
 
 
 def _ms(seconds: float) -> int:
@@ -113,12 +121,31 @@ class Gateway:
             config, self.repository, self.registry, self.metrics, remotes=self.remotes
         )
         self._watch_tasks: list[asyncio.Task[None]] = []
+        rollouts = RolloutStore(self.database)
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
-            self.ota = OtaService(
-                config.ota_repository, RolloutStore(self.database), heard=self.plane.note_heard
+            self.ota = OtaService(config.ota_repository, rollouts, heard=self.plane.note_heard)
+        # the fleet's telemetry (over MQTT, or with the update checks) and the dashboard
+        settings = config.dashboard
+        self.fleet = FleetStore(self.database, history_s=settings.history_hours * 3600)
+        self.telemetry = TelemetryIngest(self.registry, self.fleet, self.metrics)
+        self.views = FleetViews(
+            self.registry, self.fleet, rollouts, repository=self.repository,
+            ota_repository=config.ota_repository,
+        )  # fmt: skip
+        self.sessions = Sessions(self.database, self.registry, settings)
+        dashboard = None
+        if settings.enabled:
+            dashboard = DashboardContext(
+                self.views,
+                Operations(rollouts, self.fleet, self.views, announce=self._announce),
+                self.sessions,
+                self.registry,
+                self.metrics,
+                settings,
+                secure=config.tls is not None,
             )
-        self.app = create_app(self.plane, self.ota)
+        self.app = create_app(self.plane, self.ota, telemetry=self.telemetry, dashboard=dashboard)
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
         self._http: uvicorn.Server | None = None
@@ -129,7 +156,16 @@ class Gateway:
         self._undo: list[Callable[[], None]] = []  # what start() changed outside the gateway
         self.mqtt: MqttBridge | None = None
         if config.mqtt is not None:
-            self.mqtt = MqttBridge(config.mqtt, self._mqtt_password(), self.plane, ota=self.ota)
+            self.mqtt = MqttBridge(
+                config.mqtt, self._mqtt_password(), self.plane, ota=self.ota,
+                telemetry=self.telemetry,
+            )  # fmt: skip
+
+    def _announce(self, rollout: Rollout) -> None:
+        """A rollout changed from the dashboard: tell the group's devices now."""
+        if self.ota is not None:
+            for listener in self.ota.listeners:
+                listener(rollout)
 
     def _mqtt_password(self) -> str:
         path = self.config.mqtt_password_file
@@ -238,6 +274,7 @@ class Gateway:
         if config.poll_interval_s > 0:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
         self._watch_tasks.append(asyncio.get_running_loop().create_task(self._heard_loop()))
+        self._watch_tasks.append(asyncio.get_running_loop().create_task(self._telemetry_loop()))
 
     def _open_state(self) -> None:
         """The state database's schema brought up to date, the files of a gateway from
@@ -343,6 +380,33 @@ class Gateway:
             await asyncio.sleep(HEARD_INTERVAL_S)
             await self._record_heard()
 
+    async def _telemetry_loop(self) -> None:
+        """Write the telemetry taken in the last second, in one batch off the event loop;
+        once a minute, drop what is past the kept history and the expired sign-ins."""
+        loop = asyncio.get_running_loop()
+        last_prune = 0.0
+        while True:
+            await asyncio.sleep(TELEMETRY_INTERVAL_S)
+            await self._flush_telemetry()
+            if loop.time() - last_prune >= PRUNE_INTERVAL_S:
+                last_prune = loop.time()
+                try:
+                    await loop.run_in_executor(None, self._prune)
+                except Exception:
+                    log.exception("pruning the fleet's history failed")
+
+    def _prune(self) -> None:
+        self.fleet.prune()
+        self.sessions.prune()
+
+    async def _flush_telemetry(self) -> None:
+        if not self.telemetry.pending:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.telemetry.flush)
+        except Exception:
+            log.exception("writing the devices' telemetry failed")
+
     async def _record_heard(self) -> None:
         """Write when devices were last heard from (``device list``), in a batch off the
         event loop: a request only notes it in memory."""
@@ -372,6 +436,7 @@ class Gateway:
         await self._record_heard()
         if self.mqtt is not None:
             await self.mqtt.stop()
+        await self._flush_telemetry()
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task

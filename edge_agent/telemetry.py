@@ -229,6 +229,7 @@ class Telemetry:
                     **data,
                     "queue": {"waiting": self.queue.size, "dropped": self.queue.dropped},
                     "mqtt": {"dropped": self.connection.dropped_counts()},
+                    "interval_s": self.interval_s,  # the gateway's offline rule counts on it
                 }
             if final:
                 data = {**data, "final": True}

@@ -17,6 +17,13 @@ device that joined the group by name would take its share of the requests
 The data plane does the rest, as for REST and gRPC (batching, deadlines:
 the request's ``timeout`` and the message's remaining expiry).
 
+Telemetry: with a telemetry ingest (the dashboard's), the bridge also takes the
+devices' ``devices/+/telemetry/#`` through a shared subscription of the same
+group (each message reaches one replica), and ``devices/+/status`` (their
+retained online / offline) through a plain one: a shared subscription is sent
+no retained message. Both go to the ingest in paho's thread (a check and a
+dict update; it writes them in batches), never to a request's task.
+
 Announcements: every ``announce_interval_s`` (and whenever a rollout pauses
 itself) the rollouts of each group are compared with what was last
 announced; a change is published, retained, on ``fleet/<group>/models`` with
@@ -37,7 +44,8 @@ from typing import Any
 from cloud_gateway.auth import parse_bearer
 from cloud_gateway.config import MqttBridgeSettings
 from cloud_gateway.dataplane import DataPlane
-from cloud_gateway.mqtt.broker import shared_requests
+from cloud_gateway.fleet.ingest import TelemetryIngest
+from cloud_gateway.mqtt.broker import shared_requests, shared_telemetry
 from cloud_gateway.ota.service import OtaService
 from edge_core.errors import ProtocolError, RequestError
 from edge_core.mqtt import BrokerWatch, new_client, no_delay, publish, user_properties
@@ -48,6 +56,7 @@ from edge_core.protocol.mqtt import (
     encode_error,
     encode_response,
     response_topic,
+    status_topic,
 )
 from edge_core.status import status_of
 
@@ -64,8 +73,10 @@ class MqttBridge:
         plane: DataPlane,
         *,
         ota: OtaService | None = None,
+        telemetry: TelemetryIngest | None = None,
     ) -> None:
         self.config = config
+        self.telemetry = telemetry
         self.plane = plane
         self.metrics = plane.metrics
         self.ota = ota
@@ -73,6 +84,7 @@ class MqttBridge:
             f"gateway-{uuid.uuid4().hex[:12]}", config.username, password, config.tls
         )
         self.requests = shared_requests(password)
+        self.telemetry_filter = shared_telemetry(password)
         self._watch = BrokerWatch(log, "the gateway's bridge", config)
         self._watch.attach(self._client)
         self._client.on_connect = self._on_connect
@@ -121,6 +133,9 @@ class MqttBridge:
         self._watch.connected()
         no_delay(client)
         client.subscribe(self.requests, qos=1)
+        if self.telemetry is not None:
+            client.subscribe(self.telemetry_filter, qos=1)
+            client.subscribe(status_topic("+"), qos=1)
         log.info("MQTT bridge connected to %s:%d", self.config.host, self.config.port)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._connected)
@@ -134,6 +149,10 @@ class MqttBridge:
             self._wake.set()
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if message.topic.startswith("devices/"):
+            if self.telemetry is not None:
+                self.telemetry.offer_message(message.topic, message.payload)
+            return
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._spawn, message)
 

@@ -44,6 +44,7 @@ __all__ = [
     "dynamic_security",
     "ensure_gateway_password",
     "shared_requests",
+    "shared_telemetry",
     "write_broker_files",
 ]
 
@@ -64,6 +65,12 @@ def shared_requests(password: str) -> str:
     password shares one group, whose name no device can guess."""
     group = hashlib.sha256(b"edge-inference shared requests\x00" + password.encode()).hexdigest()
     return f"$share/gateways-{group[:24]}/{REQUEST_FILTER}"
+
+
+def shared_telemetry(password: str) -> str:
+    """The gateways' shared subscription to the devices' telemetry: each message reaches
+    one replica, which writes it to the state database they share."""
+    return shared_requests(password).replace(REQUEST_FILTER, telemetry_topic("+", "#"))
 
 
 def ensure_gateway_password(path: Path) -> str:
@@ -134,6 +141,7 @@ def dynamic_security(
         "rolename": "gateway",
         "acls": [
             _rule("subscribeLiteral", shared_requests(gateway_password)),
+            _rule("subscribeLiteral", shared_telemetry(gateway_password)),
             _rule("subscribePattern", telemetry_topic("+", "#")),
             _rule("subscribePattern", status_topic("+")),
             _rule("subscribePattern", stream_results_topic("+", "+")),

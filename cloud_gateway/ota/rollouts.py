@@ -184,6 +184,36 @@ class RolloutStore:
         changed = [self.get(name, v, g) for v, g in keys]
         return [r for r in changed if r is not None]
 
+    def raise_percent(self, name: str, version: int, group: str, percent: float) -> Rollout:
+        """Raise a rollout's percent, keeping its state (a paused one stays paused) and the
+        devices already in its slice; one conditional ``UPDATE ... RETURNING``.
+
+        Raises:
+            ValueError: ``percent`` not above the rollout's, or over 100.
+            KeyError: no such rollout that is not aborted.
+        """
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent must be in (0, 100], got {percent}")
+        with self.database.begin() as connection:
+            changed = connection.execute(
+                sa.text(
+                    "UPDATE rollouts SET percent=:percent, updated=:now WHERE name=:name "
+                    "AND version=:version AND grp=:grp AND state != 'aborted' "
+                    "AND percent < :percent RETURNING name"
+                ),
+                {"percent": percent, "now": self._clock(), "name": name, "version": version,
+                 "grp": group},
+            ).first()  # fmt: skip
+        rollout = self.get(name, version, group)
+        if rollout is None or rollout.state == "aborted":
+            raise KeyError(f"no rollout of {name} v{version} for {group} that is not aborted")
+        if changed is None:
+            raise ValueError(
+                f"the rollout is at {rollout.percent:g}% already: raise it above that "
+                f"(got {percent:g}%)"
+            )
+        return rollout
+
     def seen(self, device: str, what: str, at: float | None = None) -> None:
         """The device was heard from (``what``: an update check, a request) now or ``at``."""
         self.seen_many({device: self._clock() if at is None else at}, what)
@@ -234,9 +264,12 @@ class RolloutStore:
         detail: str = "",
         *,
         serving: int | None = None,
+        variant: str = "",
+        latency_ms: float | None = None,
     ) -> Rollout | None:
-        """Record a device's report (``serving``: the version it serves after it); pause
-        the rollout when failures reach its threshold.
+        """Record a device's report (``serving``: the version it serves after it;
+        ``variant`` and ``latency_ms``: what its smoke test ran and measured); pause the
+        rollout when failures reach its threshold.
 
         Only the reports of devices in the rollout's slice of its group count.
         Returns the rollout if this report paused it.
@@ -255,14 +288,17 @@ class RolloutStore:
             # a refusal of the metadata says nothing of a version the device installed
             connection.execute(
                 sa.text(
-                    "INSERT INTO reports (device, name, version, status, detail, at, grp) "
-                    "VALUES (:device, :name, :version, :status, :detail, :now, :grp) "
+                    "INSERT INTO reports (device, name, version, status, detail, at, grp, "
+                    "variant, latency_ms) VALUES (:device, :name, :version, :status, :detail, "
+                    ":now, :grp, :variant, :latency) "
                     "ON CONFLICT (device, name, version) DO UPDATE SET status=excluded.status, "
-                    "detail=excluded.detail, at=excluded.at, grp=excluded.grp "
+                    "detail=excluded.detail, at=excluded.at, grp=excluded.grp, "
+                    "variant=excluded.variant, latency_ms=excluded.latency_ms "
                     "WHERE NOT (excluded.status = 'refused' AND reports.status = 'installed')"
                 ),
                 {"device": device, "name": name, "version": version, "status": status,
-                 "detail": detail[:500], "now": now, "grp": group},
+                 "detail": detail[:500], "now": now, "grp": group, "variant": variant[:64],
+                 "latency": latency_ms},
             )  # fmt: skip
         rollout = self.get(name, version, group)
         if rollout is None or rollout.state != "active" or status not in FAILURES:

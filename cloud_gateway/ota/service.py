@@ -128,12 +128,37 @@ class OtaService:
             or not 1 <= serving <= MAX_VERSION
         ):
             raise BadRequest(f"report: 'serving' must be an integer from 1 to {MAX_VERSION}")
+        variant, latency = _smoke(body.get("smoke"))
         self._heard(device.id, "update report")
         paused = self.rollouts.report(
-            device.id, device.group, name, version, status, detail, serving=serving
-        )
+            device.id, device.group, name, version, status, detail, serving=serving,
+            variant=variant, latency_ms=latency,
+        )  # fmt: skip
         if paused is not None:
             for listener in self.listeners:
                 listener(paused)
         rollout = self.rollouts.get(name, version, device.group)
         return {"recorded": True, "rollout": rollout.to_dict() if rollout else None}
+
+
+def _smoke(smoke: Any) -> tuple[str, float | None]:
+    """A report's optional ``smoke``: the variant its smoke test ran and the latency it
+    measured (ms), for the dashboard's Models page.
+
+    Raises:
+        BadRequest: not an object of a variant id and a latency from 0 to 10^6 ms.
+    """
+    if smoke is None:
+        return "", None
+    if not isinstance(smoke, dict):
+        raise BadRequest("report: 'smoke' must be an object")
+    variant, latency = smoke.get("variant", ""), smoke.get("latency_ms")
+    if not isinstance(variant, str) or not _SEGMENT.fullmatch(variant or "x"):
+        raise BadRequest("report: 'smoke.variant' must be a variant id")
+    if latency is not None and (
+        isinstance(latency, bool)
+        or not isinstance(latency, (int, float))
+        or not 0 <= latency <= 1e6
+    ):
+        raise BadRequest("report: 'smoke.latency_ms' must be a number from 0 to 1000000")
+    return variant[:64], None if latency is None else float(latency)

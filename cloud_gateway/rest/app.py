@@ -20,13 +20,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from cloud_gateway.auth import Device, parse_bearer
+from cloud_gateway.dashboard.api import add_api_routes
+from cloud_gateway.dashboard.context import DashboardContext
+from cloud_gateway.dashboard.web import add_page_routes
 from cloud_gateway.dataplane import DataPlane
+from cloud_gateway.fleet.ingest import TelemetryIngest
+from cloud_gateway.fleet.telemetry import MAX_PAYLOAD_BYTES
 from cloud_gateway.metrics import CONTENT_TYPE
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.body import read_body
 from cloud_gateway.rest.ota import add_ota_routes
 from edge_core.errors import EdgeError, RequestError, Unavailable
-from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from edge_core.protocol.rest import (
+    HEADER_LENGTH,
+    decode_infer_request,
+    encode_infer_response,
+    load_json,
+)
 from edge_core.protocol.types import parse_length
 from edge_core.status import status_of
 
@@ -82,8 +92,35 @@ def _error(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": status.message}, status_code=status.http, headers=headers)
 
 
-def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
-    """The FastAPI application of one gateway (with the update service when given)."""
+_TELEMETRY_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "The device's periodic telemetry by kind, as over MQTT",
+                    "properties": {
+                        "status": {"type": "object"},
+                        "decisions": {"type": "object"},
+                        "latency": {"type": "object"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def create_app(
+    plane: DataPlane,
+    ota: OtaService | None = None,
+    *,
+    telemetry: TelemetryIngest | None = None,
+    dashboard: DashboardContext | None = None,
+) -> FastAPI:
+    """The FastAPI application of one gateway (with the update service, the telemetry
+    ingest and the dashboard when given)."""
     app = FastAPI(
         title="edge-inference gateway",
         version="0.1.0",
@@ -222,4 +259,20 @@ def create_app(plane: DataPlane, ota: OtaService | None = None) -> FastAPI:
 
     if ota is not None:
         add_ota_routes(app, ota, authenticate)
+
+    if telemetry is not None:
+
+        @app.post(
+            "/v2/telemetry",
+            summary="A device's telemetry, sent with its update checks when it has no broker",
+            openapi_extra=_TELEMETRY_BODY,
+        )
+        async def take_telemetry(request: Request) -> JSONResponse:
+            device = authenticate(request)
+            body = load_json(await read_body(request, MAX_PAYLOAD_BYTES), "the telemetry")
+            return JSONResponse({"kept": telemetry.offer_http(device.id, body)})
+
+    if dashboard is not None:
+        add_page_routes(app, dashboard)
+        add_api_routes(app, dashboard)
     return app

@@ -181,6 +181,9 @@ class OtaUpdater:
         self.on_step = on_step
         self.on_progress = on_progress
         self.listeners: list[Callable[[UpdateOutcome], None]] = []  # told of every report
+        # the device's periodic telemetry by kind, sent with every check when the device
+        # has no broker to send it through (the daemon sets it; None: not sent)
+        self.telemetry: Callable[[], dict[str, dict[str, Any]]] | None = None
         self._lock = threading.Lock()  # one check at a time
         self.pace = Pace(settings.min_rate, settings.rate_window_s)
         self._installer = Installer(
@@ -233,6 +236,7 @@ class OtaUpdater:
                 (per-model failures are outcomes, reported to the gateway).
         """
         with self._lock, self.store.locked():
+            self.send_telemetry()
             self.on_step("plan")
             plan = self.plan()
             if not plan:
@@ -267,6 +271,8 @@ class OtaUpdater:
                 outcomes.append(outcome)
                 if outcome.status in REPORTED:
                     self.report(outcome)
+            if any(outcome.status in REPORTED for outcome in outcomes):
+                self.send_telemetry()  # what it serves now
             return outcomes
 
     def _clean_downloads(self, signed: SignedMetadata, plan: list[PlanEntry]) -> None:
@@ -385,6 +391,13 @@ class OtaUpdater:
         serving = self.serving(outcome.name)
         if serving is not None:
             body["serving"] = serving  # what the operator's `device list` shows
+        smoke = outcome.smoke
+        if outcome.status == "installed" and isinstance(smoke.get("latency_ms"), (int, float)):
+            # what the gateway's dashboard shows as the version's measured latency
+            body["smoke"] = {
+                "variant": str(smoke.get("variant") or ""),
+                "latency_ms": float(smoke["latency_ms"]),
+            }
         try:
             self.client.post("/v2/ota/report", json=body)
         except httpx.HTTPError as exc:
@@ -392,6 +405,28 @@ class OtaUpdater:
         self.on_step("reported")
         for listener in self.listeners:
             listener(outcome)
+
+    def send_telemetry(self) -> None:
+        """``POST /v2/telemetry`` the device's periodic telemetry (``telemetry()``), when
+        it has no broker: the gateway's dashboard then hears from it at every check.
+        Best effort: a failure (a gateway from before it: 404) is logged, never raised."""
+        import httpx
+
+        if self.telemetry is None:
+            return
+        try:
+            body = {
+                kind: {"time": time.time(), **document}
+                for kind, document in self.telemetry().items()
+                if kind in ("status", "decisions", "latency")
+            }
+            answer = self.client.post("/v2/telemetry", json=body, timeout=self.settings.timeout_s)
+            if answer.status_code >= 400:
+                log.debug("the gateway took no telemetry: %d %s", answer.status_code, answer.text)
+        except httpx.HTTPError as exc:
+            log.debug("cannot send telemetry to the gateway: %s", exc)
+        except Exception:  # the device's own report must never stop an update check
+            log.exception("the telemetry sent with the update check")
 
     def serving(self, name: str) -> int | None:
         """The version of ``name`` the device serves: the active slot's, else the bundled."""

@@ -164,6 +164,9 @@ class Daemon:
             self.updater.listeners.append(
                 lambda outcome: self.ota_outcomes.update([outcome.status])
             )
+            if self.connection is None or config.telemetry is None:
+                # no broker to carry telemetry: it goes with every update check instead
+                self.updater.telemetry = self._http_telemetry
             self._thread(self.updater.run, "updater")
             self._thread(self._follow_store, "ota-store")
         if self.connection is not None:
@@ -190,6 +193,17 @@ class Daemon:
         log.info(
             "ready in %.2f s: profile %s, %s, on %s", self.started_s, self.profile.id, models, where
         )
+
+    def _http_telemetry(self) -> dict[str, dict[str, Any]]:
+        """The periodic telemetry, sent with the update checks (no broker): its status says
+        how often those come, for the gateway's offline rule."""
+        from edge_agent.reports import agent_reports
+
+        reports = agent_reports(self.agent)
+        ota = self.config.ota
+        if ota is not None:
+            reports["status"]["interval_s"] = ota.interval_s + ota.jitter_s
+        return reports
 
     def _swap_in(self, name: str, package: Any = None) -> None:
         """Serve ``package`` (or the store's active version) of ``name``; one swap at a
