@@ -228,7 +228,7 @@ def add_page_routes(app: FastAPI, context: DashboardContext) -> None:
         named = (("group", filters["group"]), ("model", filters["model"]),
                  ("health", filters["state"]))  # fmt: skip
         here = {key: value for key, value in named if value}
-        values = {
+        values: dict[str, Any] = {
             "caller": caller,
             "view": view,
             "query": urllib.parse.urlencode({**here, "page": view["page"]}),

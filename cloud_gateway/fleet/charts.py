@@ -100,8 +100,8 @@ def device_charts(history: list[dict[str, Any]], start: float, end: float) -> li
         return [(row["minute"] * 60.0, row.get(name)) for row in history]
 
     actions = sorted({a for row in history for a in (row.get("decisions") or {})})
-    decisions = {
-        action: per_minute(
+    decisions: dict[str, Sequence[tuple[float, float | None]]] = {
+        str(action): per_minute(
             [(row["minute"] * 60.0, (row.get("decisions") or {}).get(action)) for row in history]
         )
         for action in actions[:6]

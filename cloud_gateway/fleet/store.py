@@ -110,9 +110,9 @@ class FleetStore:
             shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             for point in points.values():
                 shapes.setdefault(tuple(point), []).append(point)
-            for names, rows in shapes.items():
+            for shape, points_of in shapes.items():
                 connection.execute(
-                    _upsert("device_history", ("device", "minute"), list(names)), rows
+                    _upsert("device_history", ("device", "minute"), list(shape)), points_of
                 )
         return count
 

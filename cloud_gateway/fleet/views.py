@@ -53,7 +53,8 @@ def published_versions(ota_repository: Path | None) -> list[dict[str, Any]]:
         custom = info.get("custom") if isinstance(info, dict) else None
         if not path.startswith("models/") or not isinstance(custom, dict):
             continue
-        variant = custom.get("variant") if isinstance(custom.get("variant"), dict) else {}
+        found = custom.get("variant")
+        variant: dict[str, Any] = found if isinstance(found, dict) else {}
         out.append(
             {
                 "name": str(custom.get("model", "")),
@@ -211,7 +212,8 @@ class FleetViews:
             "models": self._models(status, serving),
             "serving": serving,
             "history": history,
-            "charts": device_charts(history, since, now),
+            "charts": device_charts(history, start := _chart_start(history, since, now), now),
+            "charted_hours": (now - start) / 3600,
             "history_hours": self.fleet.history_s / 3600,
             "reports": [{**r, "ago": f"{ago(now - r['at'])} ago"} for r in reports],
             "time": now,
@@ -317,8 +319,8 @@ class FleetViews:
                     "measured_on": smoke.get("devices", 0),
                 }
             )
-        for (name, version, group), count in sorted(self._running().items()):
-            entry(name)["running"].append({"version": version, "group": group, "devices": count})
+        for (name, number, group), count in sorted(self._running().items()):
+            entry(name)["running"].append({"version": number, "group": group, "devices": count})
         return [models[name] for name in sorted(models)]
 
     def _running(self) -> dict[tuple[str, int, str], int]:
@@ -337,6 +339,13 @@ class FleetViews:
     def actions(self, limit: int = 50) -> list[dict[str, Any]]:
         now = self._clock()
         return [{**a, "ago": f"{ago(now - a['at'])} ago"} for a in self.fleet.actions(limit)]
+
+
+def _chart_start(history: list[dict[str, Any]], since: float, now: float) -> float:
+    """Where a device's charts begin: its first kept point (a device heard from for an
+    hour gets an hour's width, not a sliver of the day), at least 10 minutes back."""
+    first = history[0]["minute"] * 60.0 if history else now
+    return max(since, min(first, now - 600.0))
 
 
 def _benchmark_ms(benchmark: Any) -> float | None:

@@ -197,11 +197,17 @@ class OtaWorld:
         self.rollouts.close()
 
 
-def make_world(tmp: Path) -> OtaWorld:
+def signed_repository(tmp: Path) -> tuple[KeyStore, OtaRepository]:
+    """Fresh signing keys (``tmp/keys``) and an OTA repository signed with them (``tmp/ota``)."""
     keys = KeyStore(tmp / "keys")
     keys.init()
     repo = OtaRepository(tmp / "ota", keys)
     repo.init()
+    return keys, repo
+
+
+def make_world(tmp: Path) -> OtaWorld:
+    keys, repo = signed_repository(tmp)
     state = tmp / "gateway-state"
     config = GatewayConfig(
         repository=MODELS, state_dir=state, http_port=0, grpc_port=0, poll_interval_s=0.0,
