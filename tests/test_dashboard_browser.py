@@ -10,7 +10,6 @@ test saves a screenshot: into its own folder, or with ``DASHBOARD_SCREENSHOTS=DI
 from __future__ import annotations
 
 import base64
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +29,7 @@ from .support.dashboard_world import (
 )
 from .support.ota_world import LIGHT_FP32, LIGHT_INT8
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("chromedriver") is None and not Path("/usr/bin/chromedriver").exists(),
-        reason="chromium-driver is not installed (make test installs it)",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 XSS = "<script>alert(1)</script>"
 

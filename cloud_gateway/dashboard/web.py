@@ -45,6 +45,9 @@ STATIC = {
     "htmx.min.js": "text/javascript",
     "dashboard.css": "text/css",
 }
+# htmx 2.0.11, vendored unchanged from the npm registry's htmx.org-2.0.11.tgz
+# (package/dist/htmx.min.js; tarball SHA-256 165a2655...add408e); a test checks it.
+HTMX_SHA256 = "d6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717"
 LOGIN_COOKIE = "edge_login"  # the sign-in form's own CSRF token (no session yet)
 MAX_FORM_BYTES = 8192
 

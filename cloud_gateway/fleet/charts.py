@@ -59,7 +59,9 @@ def line_chart(
     series: dict[str, Sequence[tuple[float, float | None]]],
 ) -> Chart:
     """Each named series' points ``(time, value)`` (``None``: a gap) over ``[start, end]``."""
-    values = [v for points in series.values() for _, v in points if v is not None]
+    values = [  # the scale fits what is drawn: the window's points only
+        v for points in series.values() for at, v in points if v is not None and start <= at <= end
+    ]
     top = _nice(max(values) if values else 0.0)
     span = max(end - start, 1.0)
     drawn = []

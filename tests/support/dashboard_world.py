@@ -186,6 +186,10 @@ def chromium(downloads: Path) -> Any:
 
     binary = shutil.which("chromium") or "/usr/bin/chromium"
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    missing = [p for p in (binary, driver_path) if not Path(p).exists()]
+    assert not missing, (
+        f"{missing} missing: apt-get install chromium chromium-driver (make test does)"
+    )
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in (
