@@ -56,11 +56,13 @@ def register(commands: Any) -> None:
     )
     bench.set_defaults(run=_bench)
     kinds = bench.add_subparsers(dest="bench_command", metavar="KIND")
+    from cloud_gateway.bench_dashboard import register as register_dashboard
     from cloud_gateway.bench_fleet import register as register_fleet
     from cloud_gateway.bench_remote import register as register_remote
 
     register_remote(kinds)
     register_fleet(kinds)
+    register_dashboard(kinds)
 
 
 def _serve(args: argparse.Namespace) -> int:
