@@ -288,7 +288,6 @@ def test_a_rollout_started_from_the_page_reaches_the_agents_and_its_bar_moves(
     wait_until(lambda: world.serving("cam-01") == 1 and world.serving("cam-hot") == 1, 60,
                "both agents up")  # fmt: skip
     world.publish("digits-light", 2, LIGHT_INT8)
-    shot("models-before")
     _start_from_models_page(browser, world, 2, 100)
     assert (
         read(browser, "#rollout-digits-light-2-rpi5-int8", "data-slice") == "3"
