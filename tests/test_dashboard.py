@@ -402,3 +402,43 @@ def test_the_dashboard_bench_times_the_fleet_page_of_a_simulated_fleet(tmp_path:
     report = json.loads(out.read_text())
     assert report["pages"][0]["page"] == "fleet page"
     assert all(p["p50_ms"] > 0 and p["bytes"] > 1000 for p in report["pages"])
+
+
+@pytest.mark.slow
+def test_the_api_and_the_telemetry_endpoint_fuzzed_never_fail(gateway: GatewayHandle) -> None:
+    """/api/... with an admin's token (the generic fuzz test holds a device's, which they
+    refuse first) and /v2/telemetry with a device's: never a 5xx, errors as the table's."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+
+    schema = schemathesis.openapi.from_dict(gateway.gateway.app.openapi())
+    tested = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if not (operation.path.startswith("/api/") or operation.path == "/v2/telemetry"):
+            continue
+        bearer = gateway.device_token if operation.path == "/v2/telemetry" else gateway.admin_token
+        for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))  # fmt: skip
+            def check(case: schemathesis.Case) -> None:
+                # called at once, in this iteration: bearer is this operation's
+                headers = {**(case.headers or {}), "authorization": f"Bearer {bearer}"}  # noqa: B023
+                response = case.call(base_url=f"http://{gateway.http_url}", headers=headers)
+                assert response.status_code < 500, (case.method, case.path, response.text)
+                if response.status_code >= 400:
+                    assert set(response.json()) == {"error"}, response.text
+
+            try:
+                check()
+            except Unsatisfiable:
+                continue
+            tested.append((operation.method, operation.path, mode))
+    assert {path for _, path, _ in tested} >= {
+        "/api/fleet",
+        "/api/rollouts/actions",
+        "/v2/telemetry",
+    }
