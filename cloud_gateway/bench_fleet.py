@@ -277,8 +277,13 @@ def _telemetry(port: int, devices: list[tuple[str, str]], connections: int = 8) 
     started = time.perf_counter()
     infos = []
     for index, (device, _) in enumerate(devices):
-        payload = json.dumps({"device": device, "seq": 1, "kind": "status", "ts": time.time(),
-                              "data": {"state": "serving", "models": {MODEL: 2}}})  # fmt: skip
+        # the agent's own status document (edge_agent/telemetry.py: flat, not wrapped),
+        # which a gateway with a bridge keeps for its dashboard
+        status = {"profile": "raspberry-pi-5", "interval_s": 30,
+                  "models": {MODEL: {"version": 2, "variant": "tflite-int8"}}}  # fmt: skip
+        payload = json.dumps(
+            {"device": device, "seq": 1, "kind": "status", "time": time.time(), **status}
+        )
         infos.append(
             clients[index % connections].publish(f"devices/{device}/telemetry/status", payload, 1)
         )
