@@ -160,10 +160,13 @@ class FleetStore:
         """Every device's latest status (the columns the Fleet page needs)."""
         table = schema.device_status
         with self.database.begin() as connection:
-            rows = connection.execute(sa.select(*[table.c[n] for n in self._LIST])).mappings()
-            out = {row["device"]: dict(row) for row in rows}
-        for row in out.values():
-            row["models"] = _loads(row["models"])
+            # plain tuples zipped with the names: mappings cost a third of a 10,000-device
+            # page's time
+            rows = connection.execute(sa.select(*[table.c[n] for n in self._LIST])).all()
+        names = self._LIST
+        out = {row[0]: dict(zip(names, row, strict=True)) for row in rows}
+        for status in out.values():
+            status["models"] = _loads(status["models"])
         return out
 
     def status(self, device: str) -> dict[str, Any] | None:

@@ -132,7 +132,7 @@ class FleetViews:
         statuses = self.fleet.statuses()
         seen = self.rollouts.last_seen()
         serving = self.rollouts.serving()
-        rows = []
+        rows: list[dict[str, Any]] = []
         counts = dict.fromkeys(HEALTH, 0)
         groups: set[str] = set()
         versions: set[tuple[str, int]] = set()
@@ -158,7 +158,6 @@ class FleetViews:
                     "health": verdict.state,
                     "rule": verdict.rule,
                     "last_seen": last,
-                    "last_seen_ago": f"{ago(now - last)} ago" if last else "never",
                     "heard_by": what or ((status or {}).get("source") or ""),
                     "revoked": device.revoked,
                 }
@@ -166,6 +165,10 @@ class FleetViews:
         selected = [r for r in rows if _matches(r, group, model, state)]
         pages = max(1, -(-len(selected) // size))
         page = min(page, pages)
+        shown = selected[(page - 1) * size : page * size]
+        for row in shown:  # the page's rows only: the rest are counted, never shown
+            seen_at: float | None = row["last_seen"]
+            row["last_seen_ago"] = f"{ago(now - seen_at)} ago" if seen_at else "never"
         return {
             "counts": {"total": len(rows), **counts},
             "matching": len(selected),
@@ -175,7 +178,7 @@ class FleetViews:
             "filters": {"group": group, "model": model, "health": state},
             "groups": sorted(groups),
             "model_versions": [f"{n}:{v}" for n, v in sorted(versions)],
-            "devices": selected[(page - 1) * size : page * size],
+            "devices": shown,
             "time": now,
         }
 
