@@ -65,6 +65,11 @@ def encoded_pictures(
         return inputs, None
     pictures = [decode_image(data) for data in files]
     tensors = [image_to_tensor(picture, pre) for picture in pictures]
+    if len({t.shape for t in tensors}) > 1:  # a model that keeps each picture's size
+        raise InputError(
+            f"input {pre.input!r}: pictures of different sizes make inputs of different "
+            f"shapes for {package.name}, and a batch takes one: send them one a request"
+        )
     sizes = [(int(p.shape[0]), int(p.shape[1])) for p in pictures]
     return {**inputs, pre.input: np.concatenate(tensors)}, sizes
 

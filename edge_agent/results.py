@@ -6,6 +6,8 @@ boxes, and the raw tensors on request, from a model's outputs and its manifest.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from edge_core.package import ModelPackage
 
-__all__ = ["MAX_PRINTED_VALUES", "describe_outputs", "per_row", "top_k"]
+__all__ = ["MAX_PRINTED_VALUES", "describe_outputs", "json_line", "per_row", "reads", "top_k"]
 
 Array = np.ndarray[Any, Any]
 MAX_PRINTED_VALUES = 1000  # an output with more values is summarised, unless asked for whole
@@ -64,6 +66,16 @@ def describe_outputs(
     return result
 
 
+def reads(package: ModelPackage) -> bool:
+    """Whether :func:`describe_outputs` reads what this model's outputs mean (its top
+    labels, its boxes), not only the tensors."""
+    from edge_agent.decoders import decoder_for
+
+    return (package.task == "classification" and bool(package.outputs)) or (
+        decoder_for(package) is not None
+    )
+
+
 def per_row(described: dict[str, Any]) -> list[dict[str, Any]]:
     """What :func:`describe_outputs` decoded, one document a batch row (no raw tensors);
     empty when it decoded nothing."""
@@ -91,3 +103,22 @@ def _tensor(value: Array, full: bool) -> dict[str, Any]:
             "mean": float(value.mean()),
         }
     return entry
+
+
+def json_line(document: Any) -> str:
+    """``document`` as one line of strict JSON: a value that is not finite (a model's NaN)
+    is ``null``, as a browser's ``JSON.parse`` takes nothing else."""
+    try:
+        return json.dumps(document, separators=(",", ":"), allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps(_finite(document), separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

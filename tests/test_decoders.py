@@ -51,7 +51,8 @@ def test_each_face_detector_finds_the_astronauts_face_in_the_pictures_pixels(
 ) -> None:
     package = fetched.get(model)
     photo = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)
-    for scale_x, scale_y in ((1.0, 1.0), (1.5, 0.75)):  # a stretched copy too
+    # stretched copies too; 1280 x 720 is not a multiple of 32 high (CenterFace's 704)
+    for scale_x, scale_y in ((1.0, 1.0), (1.5, 0.75), (2.5, 720 / 512)):
         picture = cv2.resize(photo, (round(512 * scale_x), round(512 * scale_y)))
         found = detections(package, run(package, picture), picture.shape[:2])
         assert found is not None and found["coordinates"] == "image"
@@ -130,3 +131,26 @@ def test_infer_prints_boxes_and_the_tensors_only_when_asked(
     assert raw["detections"] == answer["detections"]
     assert raw["outputs"]["regressors"]["shape"] == [1, 896, 16]
     assert "summary" in raw["outputs"]["regressors"]  # large: summarised unless --full
+
+
+def test_pictures_of_different_sizes_for_a_model_that_keeps_each_size_are_a_400(
+    fetched: ModelRepository,
+) -> None:
+    from edge_agent.preprocess import encoded_pictures
+    from edge_core.errors import InputError
+
+    package = fetched.get("face-detection-centerface")  # sides kept, rounded to 32
+    photo = cv2.cvtColor(data.astronaut(), cv2.COLOR_RGB2BGR)
+    files = [cv2.imencode(".png", p)[1].tobytes() for p in (photo, photo[:256, :320])]
+    with pytest.raises(InputError, match="pictures of different sizes"):
+        encoded_pictures(package, {"input.1": np.array(files, dtype=object)})
+    inputs, sizes = encoded_pictures(package, {"input.1": np.array(files[:1], dtype=object)})
+    assert inputs["input.1"].shape == (1, 3, 512, 512) and sizes == [(512, 512)]
+
+
+def test_results_are_strict_json() -> None:
+    from edge_agent.results import json_line
+
+    assert json_line({"score": float("nan"), "box": [1.0, float("inf")]}) == (
+        '{"score":null,"box":[1.0,null]}'
+    )

@@ -43,7 +43,7 @@ def write_video(path: Path, frames: int, fps: float = 30.0, *, still: bool = Fal
 def test_the_newest_frame_wins_and_each_drop_is_counted() -> None:
     slot: LatestSlot[int] = LatestSlot()
     assert slot.put(1) is False and slot.put(2) is True and slot.put(3) is True
-    assert slot.dropped == 2 and slot.take(0) == 3 and slot.take(0) is None
+    assert slot.take(0) == 3 and slot.take(0) is None
     slot.put(4)
     slot.close()
     assert not slot.done and slot.take(0) == 4 and slot.done and slot.take(0) is None
@@ -203,3 +203,157 @@ def test_a_failing_sink_loses_results_not_the_stream_and_a_closed_pipe_stops_it(
     disk, pipe = (stream.stats.snapshot()["frames"] for stream in streams)
     assert disk["in"] == disk["out"] == disk["unsent"] == 30  # it went on to the end
     assert pipe["in"] < 30 and pipe["unsent"] == pipe["out"]  # nobody reads: it stopped
+
+
+class FakeCapture:
+    """A live source's capture at our seam: ``frames`` frames, then it stops giving any."""
+
+    def __init__(self, frames: int) -> None:
+        self.left = frames
+        self.released = False
+
+    def read(self) -> tuple[bool, np.ndarray | None]:
+        if self.left <= 0:
+            return False, None
+        self.left -= 1
+        return True, np.zeros((48, 64, 3), np.uint8)
+
+    def release(self) -> None:
+        self.released = True
+
+    def get(self, prop: int) -> float:
+        return 30.0
+
+
+def test_a_stage_that_raises_fails_its_frame_not_the_stream(tmp_path: Path) -> None:
+    """A runtime that raises something no stage expects: that frame's result carries the
+    error, the others are answered, and the stream ends (it used to hang for good)."""
+    video = write_video(tmp_path / "clip.avi", 12)
+    results: list[dict[str, Any]] = []
+    agent = local_agent()
+    calls = []
+
+    def flaky(model: str, inputs: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the accelerator went away")
+        return agent.infer(model, inputs, **kwargs)
+
+    try:
+        stream = Stream(
+            settings(video, realtime=False), LIGHT, infer=flaky, emit=results.append,
+            open_capture=lambda: open_capture(str(video)),
+        )  # fmt: skip
+        run_stream(stream, timeout=20)
+    finally:
+        agent.close()
+    failed = [r for r in results if "error" in r]
+    assert len(results) == 12 and [r["frame"] for r in failed] == [2]
+    assert "RuntimeError: the accelerator went away" in failed[0]["error"]
+    counts = stream.stats.snapshot()["frames"]
+    assert counts["failed"] == 1 and counts["in"] == counts["out"] + counts["dropped"] == 12
+
+
+def test_a_live_source_that_stops_is_reopened_and_its_frames_numbered_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from edge_agent.streams import source
+
+    monkeypatch.setattr(source, "REOPEN_FIRST_S", 0.01)
+    opened: list[FakeCapture] = []
+
+    def open_camera() -> FakeCapture:
+        if len(opened) == 1 and not hasattr(open_camera, "refused"):
+            open_camera.refused = True  # type: ignore[attr-defined]
+            raise OSError("no such device")  # unplugged for a moment
+        opened.append(FakeCapture(3))
+        return opened[-1]
+
+    results: list[dict[str, Any]] = []
+    entry = StreamSettings(name="door", source="/dev/video9", model="digits-light")
+    decision = Decision(Action.LOCAL, "prefer_local", "", "digits-light", "public")
+    outputs = {"probabilities": np.full((1, 10), 0.1, np.float32)}
+    stream = Stream(
+        entry, LIGHT, open_capture=open_camera, emit=results.append,
+        infer=lambda *a, **k: AgentResult("digits-light", outputs, decision, "device", 1.0, "r"),
+    )  # fmt: skip
+    stream.start()
+    end = time.monotonic() + 10
+    while len(opened) < 3 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert stream.stop(5)
+    assert len(opened) >= 3 and all(c.released for c in opened)
+    frames = [r["frame"] for r in results]
+    assert frames == sorted(set(frames)) and frames[-1] >= 8  # 0, 1, 2, then 3, 4, 5 ...
+    assert stream.stats.reopened >= 2 and stream.stats.state == "ended"
+    assert stream.error is None
+
+
+def test_a_file_that_cannot_be_read_ends_its_stream_with_the_reason(tmp_path: Path) -> None:
+    def missing() -> Any:
+        return open_capture(str(tmp_path / "nothing.avi"))
+
+    stream = Stream(
+        settings(tmp_path / "nothing.avi"), LIGHT, open_capture=missing, emit=print,
+        infer=lambda *a, **k: None,
+    )  # fmt: skip
+    run_stream(stream, timeout=5)
+    assert stream.stats.state == "failed" and "cannot open" in (stream.error or "")
+    assert stream.stats.snapshot()["frames"]["in"] == 0
+
+
+def test_streams_that_cannot_run_open_nothing(tmp_path: Path) -> None:
+    from edge_core.errors import ConfigError
+
+    video = write_video(tmp_path / "clip.avi", 3)
+    good = StreamSettings(name="a", source=str(video), model="digits-light",
+                          sink=f"jsonl:{tmp_path / 'a.jsonl'}")  # fmt: skip
+    agent = local_agent()
+    try:
+        for bad, why in (
+            (StreamSettings(name="b", source=str(video), model="nope"), "not on this device"),
+            (StreamSettings(name="b", source=str(video), model="digits-light",
+                            sink=f"jsonl:{tmp_path / 'no' / 'b.jsonl'}"), "cannot open"),
+            (StreamSettings(name="b", source=str(video), model="digits-light", sink="mqtt"),
+             "sink mqtt needs an"),
+        ):  # fmt: skip
+            with pytest.raises(ConfigError, match=why):
+                Streams((good, bad), agent=lambda: agent, device_id="cam-01")
+    finally:
+        agent.close()
+    assert not (tmp_path / "a.jsonl").exists()  # checked before any sink was opened
+
+
+def test_stopping_mid_stream_accounts_for_every_frame_taken(tmp_path: Path) -> None:
+    video = write_video(tmp_path / "clip.avi", 90)
+    agent = local_agent()
+    try:
+        streams = Streams(
+            (StreamSettings(name="door", source=str(video), model="digits-light",
+                            sink=f"jsonl:{tmp_path / 'r.jsonl'}"),),
+            agent=lambda: agent, device_id="cam-01",
+        )  # fmt: skip
+        streams.start()
+        time.sleep(1.0)  # a third of the clip, in real time
+        assert streams.stop(5)
+    finally:
+        agent.close()
+    counts = streams.snapshot()["door"]["frames"]
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert 10 < counts["in"] < 90 and counts["in"] == counts["out"] + counts["dropped"]
+    assert len(lines) == counts["out"]
+
+
+def test_listeners_of_a_stream_that_goes_away_end() -> None:
+    from edge_agent.streams.sinks import Broadcaster
+
+    broadcaster = Broadcaster(per_subscriber=2)
+    listener = broadcaster.subscribe()
+    assert listener is not None
+    for index in range(3):
+        broadcaster({"frame": index, "score": float("nan")})
+    assert broadcaster.dropped == 1  # a slow listener lost the oldest
+    broadcaster.close()
+    assert listener.next(1) == '{"frame":1,"score":null}'  # what was left, strict JSON
+    assert listener.next(1) is not None and listener.next(5) is None and listener.ended
+    assert broadcaster.subscribe() is None

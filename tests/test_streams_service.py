@@ -219,3 +219,54 @@ def test_a_gateway_killed_mid_stream_gives_degraded_results_and_no_stall(
     assert after and all(r["where"] == "device" and r["model"] == "digits-light" for r in after)
     assert not [r for r in results if "error" in r]  # none failed: the light model stood in
     assert results[-1]["frame"] >= 55  # it went on to the end
+
+
+def next_event(answer: Any) -> bytes:
+    """The next event's line of a server-sent-event answer (blank lines, keep-alives
+    skipped); ``b""`` once the answer has ended."""
+    while (line := answer.fp.readline()) in (b"\n", b": keep-alive\n"):
+        pass
+    return bytes(line)
+
+
+def test_sighup_restarts_the_streams_and_ends_their_listeners(tmp_path: Path) -> None:
+    """A reload with other streams: the old ones drain and their event listeners end (they
+    would wait on a stream that is gone); a reload whose stream cannot run is refused and
+    the running streams go on."""
+    import signal
+
+    from .support.daemon import wait_logged
+
+    video = digit_video(tmp_path / "door.avi", 900)  # 30 s: it runs through the test
+    hall = f'[[streams]]\nname = "hall"\nsource = "{video}"\nmodel = "digits-light"\nsink = "sse"\n'
+    running = start_agent(tmp_path, extra=hall)
+    try:
+        running.wait_message("READY=1")
+        listener = http.client.HTTPConnection("127.0.0.1", running.http_port, timeout=10)
+        listener.request("GET", "/v2/streams/hall/events")
+        events = listener.getresponse()
+        assert events.fp.readline().startswith(b"data: ")
+        good = running.config.read_text()
+        broken = good.replace('sink = "sse"', f'sink = "jsonl:{tmp_path}/no/such/folder.jsonl"')
+        running.config.write_text(broken)
+        before = len(running.messages)
+        running.process.send_signal(signal.SIGHUP)
+        running.wait_message("READY=1", after=before)
+        assert "no folder" in wait_logged(running, "reload refused")[0]
+        assert next_event(events).startswith(b"data: ")  # the running stream goes on
+        running.config.write_text(good.replace('name = "hall"', 'name = "lobby"'))
+        before = len(running.messages)
+        running.process.send_signal(signal.SIGHUP)
+        running.wait_message("READY=1", after=before)
+        end = time.monotonic() + 10
+        while (line := events.fp.readline()) and time.monotonic() < end:
+            pass  # what was left, then the end of the answer
+        assert line == b"" and time.monotonic() < end, "the listener of 'hall' did not end"
+        listener.close()
+        assert running.get("/v2/streams/hall/events")[0] == 404
+        lobby = http.client.HTTPConnection("127.0.0.1", running.http_port, timeout=10)
+        lobby.request("GET", "/v2/streams/lobby/events")
+        assert lobby.getresponse().fp.readline().startswith(b"data: ")
+        lobby.close()
+    finally:
+        running.stop()

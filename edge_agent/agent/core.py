@@ -336,7 +336,10 @@ class Agent:
                 self.stats.decided(second)
             if second.leaves_device:
                 try:
-                    answer = self._offload(request, second, findings, request.deadline)
+                    try:
+                        answer = self._offload(request, second, findings, request.deadline)
+                    except InputError as exc:  # the cloud's model takes it in another form
+                        raise OffloadError(f"{second.model} cannot take this input: {exc}") from exc
                 except PrivacyRefusal:
                     raise
                 except OffloadError as exc:  # the local answer stands, degraded

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import PROG, add_model_dir, add_profiles_dir, agent_settings
+from edge_agent.cli.common import PROG, CliError, add_model_dir, add_profiles_dir, agent_settings
 from edge_agent.config import StreamSettings
 
 __all__ = ["register"]
@@ -52,7 +52,9 @@ def register(commands: Any) -> None:
 
 def _stream(args: argparse.Namespace) -> int:
     from edge_agent.assemble import create_agent
-    from edge_agent.streams import Streams
+    from edge_agent.streams import Streams, open_capture
+    from edge_agent.streams.source import is_live
+    from edge_core.errors import EdgeError
 
     config, profile = agent_settings(args)
     source = args.source
@@ -69,22 +71,32 @@ def _stream(args: argparse.Namespace) -> int:
         deadline_ms=args.deadline_ms,
         realtime=not args.fast,
     )
+    if not is_live(source):  # a file that cannot be read: one line, before anything loads
+        try:
+            open_capture(source).release()
+        except EdgeError as exc:
+            raise CliError(str(exc)) from None
     agent = create_agent(replace(config, streams=()), profile=profile)
-    streams = Streams((entry,), agent=lambda: agent, device_id=config.device_id)
-    stop = lambda signum, frame: streams.streams["cli"].request_stop()  # noqa: E731
-    previous = signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
     try:
-        streams.start()
-        streams.streams["cli"].join()
-        streams.stop(5.0)
+        streams = Streams((entry,), agent=lambda: agent, device_id=config.device_id)
+        stream = streams.streams["cli"]
+        stop = lambda signum, frame: stream.request_stop()  # noqa: E731
+        previous = signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+        try:
+            streams.start()
+            stream.join()
+            streams.stop(5.0)
+        finally:
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])
     finally:
-        signal.signal(signal.SIGINT, previous[0])
-        signal.signal(signal.SIGTERM, previous[1])
         agent.close()
     try:
         sys.stdout.flush()
     except BrokenPipeError:  # its reader went away: nothing more to say there, at exit too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if stream.error is not None:  # the file could not be read: said in the log already
+        raise CliError(f"stream: {stream.error}")
     frames = streams.snapshot()["cli"]["frames"]
     print(f"{PROG}: stream: {json.dumps(frames)}", file=sys.stderr)
     return 0

@@ -307,6 +307,14 @@ class Daemon:
             # the new agent is built for the running device (its profile, root and id)
             config = replace(loaded, **{name: getattr(self.config, name) for name in kept})
             agent = self._build_agent(config)
+            restart = config.streams != self.config.streams  # else the running ones go on
+            streams = None
+            if restart:
+                try:  # built (checked, their sinks opened) before anything is swapped
+                    streams = self._build_streams(config, check=agent)
+                except BaseException:
+                    agent.close()
+                    raise
         except Exception as exc:  # whatever went wrong, the running agent stays
             message = str(exc) if isinstance(exc, EdgeError) else f"{type(exc).__name__}: {exc}"
             log.error("reload refused, the running configuration stays: %s", message)
@@ -317,17 +325,22 @@ class Daemon:
             if getattr(loaded, name) != getattr(self.config, name):
                 where = f"[{name}]" if name in RESTART_SECTIONS else name
                 log.warning("%s changed: it takes effect at the next restart", where)
-        previous = self.config
         self.config = config
         # requests already on the old agent finish there; it is closed when none is left
         self.service.retire(old)
-        if config.streams != previous.streams:
-            self._restart_streams(config)
+        if restart:
+            self._restart_streams(config, streams)
         log.info("reloaded %s", self.config_path or "the embedded defaults")
         self.notifier.reloaded()
         return True
 
-    def _build_streams(self, config: AgentConfig) -> Streams | None:
+    def _build_streams(self, config: AgentConfig, check: Agent | None = None) -> Streams | None:
+        """The configuration's streams, on the agent of the moment (``check``: the agent
+        their models are looked up on now).
+
+        Raises:
+            ConfigError: a stream cannot run here (its model, its sink).
+        """
         if not config.streams:
             return None
         return Streams(
@@ -335,18 +348,15 @@ class Daemon:
             agent=lambda: self.agent,
             device_id=config.device_id,
             connection=self.connection,
+            check=check,
         )
 
-    def _restart_streams(self, config: AgentConfig) -> None:
-        """The streams of a reloaded configuration: the old ones drain, the new ones start
-        (a stream that cannot be built is logged, and the others run)."""
+    def _restart_streams(self, config: AgentConfig, streams: Streams | None) -> None:
+        """The streams of a reloaded configuration: the old ones drain (their event
+        listeners end), the new ones start."""
         if self.streams is not None:
             self.streams.stop(config.api.drain_s)
-        try:
-            self.streams = self._build_streams(config)
-        except EdgeError as exc:
-            log.error("streams not started: %s", exc)
-            self.streams = None
+        self.streams = streams
         self.service.streams = self.streams
         if self.streams is not None:
             self.streams.start()

@@ -19,7 +19,6 @@ offloaded), and answers the same inputs redacted plus ``faces`` (``INT32``
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -34,7 +33,7 @@ import numpy as np
 from edge_agent.agent import Agent
 from edge_agent.preprocess import encoded_pictures
 from edge_agent.privacy import Redaction
-from edge_agent.results import describe_outputs, per_row
+from edge_agent.results import describe_outputs, json_line, per_row, reads
 from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
 from edge_core.errors import InputError, ModelNotFoundError, Stopping
@@ -161,6 +160,13 @@ class LocalService:
                     raise ModelNotFoundError(
                         f"unknown model {name!r}: not on this device, and no gateway to ask"
                     )
+                wanted = request.outputs
+                readable = wanted is not None and any(o.name == RESULTS for o in wanted)
+                if readable and package is not None and not reads(package):
+                    raise InputError(
+                        f"model {name!r} has no {RESULTS!r} output: nothing here reads what "
+                        f"a {package.task} model's outputs mean; ask for its own outputs"
+                    )
                 # pictures as files (a camera's JPEG): preprocessed as the manifest says
                 inputs, sizes = (
                     encoded_pictures(package, request.inputs) if package else (request.inputs, None)
@@ -174,6 +180,16 @@ class LocalService:
                     request_id=rid,
                     version=version,
                 )
+                outputs = result.outputs
+                if readable and RESULTS not in outputs:
+                    outputs = {**outputs, RESULTS: _results(agent, result, sizes)}
+                if wanted is not None:
+                    missing = [o.name for o in wanted if o.name not in outputs]
+                    if missing:
+                        raise InputError(
+                            f"unknown output {missing[0]!r} for model {result.model!r}"
+                        )
+                    outputs = {o.name: outputs[o.name] for o in wanted}
         except Exception as exc:
             status = status_of(exc)
             decision = getattr(exc, "decision", None)
@@ -185,15 +201,6 @@ class LocalService:
             raise
         finally:
             current_request_id.reset(token)
-        outputs = result.outputs
-        wanted = request.outputs
-        if wanted is not None and RESULTS not in outputs and any(o.name == RESULTS for o in wanted):
-            outputs = {**outputs, RESULTS: self._results(result, sizes)}
-        if request.outputs is not None:
-            missing = [o.name for o in request.outputs if o.name not in outputs]
-            if missing:
-                raise InputError(f"unknown output {missing[0]!r} for model {result.model!r}")
-            outputs = {o.name: outputs[o.name] for o in request.outputs}
         decision = result.decision
         self.metrics.request(
             self._label_of(request.model_name),
@@ -217,24 +224,6 @@ class LocalService:
             id=request.id,
             parameters=parameters,
         )
-
-    def _results(self, result: Any, sizes: list[tuple[int, int]] | None) -> np.ndarray[Any, Any]:
-        """The ``results`` output: one JSON document a batch row, what the model's outputs
-        mean (a classifier's top labels, a detector's boxes: in the pixels of the pictures
-        sent as files, else of the model's input).
-
-        Raises:
-            InputError: nothing here reads this model's outputs.
-        """
-        package = self.agent.package(result.model)
-        rows = per_row(describe_outputs(package, result.outputs, image_hw=sizes)) if package else []
-        if not rows:
-            raise InputError(
-                f"model {result.model!r} has no {RESULTS!r} output: nothing here reads what "
-                f"a {package.task if package else 'remote'} model's outputs mean; ask for its "
-                "own outputs"
-            )
-        return np.array([json.dumps(row, separators=(",", ":")) for row in rows], dtype=object)
 
     def repository_index(self) -> list[dict[str, str]]:
         """The models on the device, as the repository extension lists them: READY when
@@ -350,3 +339,21 @@ def _redaction(parameters: dict[str, Any], base: Redaction) -> Redaction | None:
 
 def _platform(variant: str) -> str:
     return "tensorflow_lite" if variant.startswith("tflite") else "onnxruntime_onnx"
+
+
+def _results(agent: Agent, result: Any, sizes: list[tuple[int, int]] | None) -> Any:
+    """The ``results`` output: one JSON document a batch row, what the model's outputs
+    mean (a classifier's top labels, a detector's boxes: in the pixels of the pictures
+    sent as files, else of the model's input); strict JSON (no NaN).
+
+    Raises:
+        InputError: nothing here reads the outputs of the model that answered.
+    """
+    package = agent.package(result.model)
+    rows = per_row(describe_outputs(package, result.outputs, image_hw=sizes)) if package else []
+    if not rows:
+        raise InputError(
+            f"model {result.model!r} answered with outputs nothing here reads: ask for its "
+            f"own outputs, not {RESULTS!r}"
+        )
+    return np.array([json_line(row) for row in rows], dtype=object)

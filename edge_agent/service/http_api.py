@@ -240,8 +240,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
-            while self.service.ready:
+            while self.service.ready and not subscriber.ended:
                 line = subscriber.next(HEARTBEAT_S)
+                if line is None and subscriber.ended:
+                    break  # the stream was stopped or replaced: the listener connects again
                 self.wfile.write(
                     b": keep-alive\n\n" if line is None else f"data: {line}\n\n".encode()
                 )

@@ -18,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from edge_agent.streams.source import STATES
+
 __all__ = ["CONTENT_TYPE", "ServiceMetrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -121,14 +123,32 @@ def _stream_metrics(streams: dict[str, Any]) -> Iterator[Metric]:
         "Recent stream latencies (capture to result, and each stage), by quantile.",
         labels=["stream", "stage", "quantile"],
     )
+    state = GaugeMetricFamily(
+        "edge_agent_stream_state",
+        "The stream's source: 1 for the state it is in (starting, running, reconnecting, "
+        "ended, failed).",
+        labels=["stream", "state"],
+    )
+    reopened = CounterMetricFamily(
+        "edge_agent_stream_reopened", "Times a live source was opened again.", labels=["stream"]
+    )
+    unsent = CounterMetricFamily(
+        "edge_agent_stream_sink_dropped",
+        "Results the sink could not send (MQTT while the link is down, an event listener "
+        "too slow).",
+        labels=["stream"],
+    )
     for name, stream in sorted(streams.items()):
         for outcome, count in stream["frames"].items():
             frames.add_metric([name, outcome], count)
         for stage, summary in stream["latency_ms"].items():
             for quantile, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
                 latency.add_metric([name, stage, quantile], summary[key])
-    yield frames
-    yield latency
+        for value in STATES:
+            state.add_metric([name, value], 1.0 if stream.get("state") == value else 0.0)
+        reopened.add_metric([name], stream.get("reopened", 0))
+        unsent.add_metric([name], stream.get("sink_dropped", 0))
+    yield from (frames, latency, state, reopened, unsent)
 
 
 def _link_metrics(state: dict[str, Any]) -> Iterator[Metric]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,51 +54,77 @@ class Streams:
         device_id: str,
         connection: Any = None,
         open_source: Callable[[str], Capture] = open_capture,
+        check: Any = None,
     ) -> None:
-        """``agent()`` is the agent whose ``infer`` each frame goes through.
+        """``agent()`` is the agent whose ``infer`` each frame goes through; ``check``, the
+        agent the models are looked up on now (default: ``agent()``; a reload checks its
+        new agent before it runs).
 
         Raises:
             ConfigError: a stream's model is not on the device, takes no pictures, or
-                its sink needs what is not there (mqtt without ``[mqtt]``).
+                its sink needs what is not there (mqtt without ``[mqtt]``, a file that
+                cannot be opened); nothing is left open.
         """
         self.settings = settings
         self._agent = agent
         self.streams: dict[str, Stream] = {}
         self.sinks: dict[str, Sink] = {}
-        for entry in settings:
-            package = agent().package(entry.model)
+        looked_up = check if check is not None else agent()
+        packages = {}
+        for entry in settings:  # every stream checked before any sink is opened
+            package = looked_up.package(entry.model)
             if package is None:
                 raise ConfigError(
                     f"stream {entry.name}: model {entry.model!r} is not on this device (a "
                     "stream preprocesses its frames as the model's manifest says)"
                 )
-            sink = self._sink(entry, device_id, connection)
-            self.sinks[entry.name] = sink
-
-            def infer(model: str, inputs: Any, **kwargs: Any) -> Any:
-                return agent().infer(model, inputs, **kwargs)
-
-            try:
-                self.streams[entry.name] = Stream(
-                    entry,
-                    package,
-                    open_capture=functools.partial(open_source, entry.source),
-                    infer=infer,
-                    emit=sink,
+            if package.preprocessing is None:
+                raise ConfigError(
+                    f"stream {entry.name}: model {entry.model} takes no pictures (its "
+                    "manifest has no image preprocessing)"
                 )
-            except EdgeError as exc:
-                raise ConfigError(str(exc)) from None
+            if entry.sink == "mqtt" and connection is None:
+                raise ConfigError(f"stream {entry.name}: sink mqtt needs an [mqtt] section")
+            folder = Path(entry.sink.removeprefix("jsonl:")).parent
+            if entry.sink.startswith("jsonl:") and not folder.is_dir():
+                raise ConfigError(
+                    f"stream {entry.name}: cannot open {entry.sink.removeprefix('jsonl:')} "
+                    f"for its results: no folder {folder}"
+                )
+            packages[entry.name] = package
+
+        def infer(model: str, inputs: Any, **kwargs: Any) -> Any:
+            return agent().infer(model, inputs, **kwargs)
+
+        def package_of(model: str) -> Any:
+            return agent().package(model)
+
+        try:
+            for entry in settings:
+                sink = self.sinks[entry.name] = self._sink(entry, device_id, connection)
+                self.streams[entry.name] = Stream(
+                    entry, packages[entry.name], infer=infer, emit=sink, packages=package_of,
+                    open_capture=functools.partial(open_source, entry.source),
+                )  # fmt: skip
+        except BaseException:
+            self._close_sinks()
+            raise
 
     @staticmethod
     def _sink(entry: StreamSettings, device_id: str, connection: Any) -> Sink:
         if entry.sink == "stdout":
             return JsonLines()
         if entry.sink.startswith("jsonl:"):
-            return JsonLines(Path(entry.sink.removeprefix("jsonl:")))
+            path = Path(entry.sink.removeprefix("jsonl:"))
+            try:
+                return JsonLines(path)
+            except OSError as exc:
+                raise ConfigError(
+                    f"stream {entry.name}: cannot open {path} for its results: "
+                    f"{exc.strerror or exc}"
+                ) from None
         if entry.sink == "sse":
             return Broadcaster()
-        if connection is None:
-            raise ConfigError(f"stream {entry.name}: sink mqtt needs an [mqtt] section")
         return MqttResults(connection, device_id, entry.name)
 
     def start(self) -> None:
@@ -109,27 +136,32 @@ class Streams:
             log.info("stream %s: %s through %s", name, stream.settings.source, stream.package.name)
 
     def stop(self, drain_s: float = 5.0) -> bool:
-        """Stop every stream: frames taken finish within ``drain_s``. Whether they did."""
+        """Stop every stream: frames taken finish within ``drain_s`` (all streams
+        together). Whether they did. The sinks are closed (event listeners end)."""
         for stream in self.streams.values():
             stream.request_stop()
-        drained = all(stream.join(drain_s) for stream in self.streams.values())
-        for sink in self.sinks.values():
-            close = getattr(sink, "close", None)
-            if close is not None:
-                close()
-        return drained
+        deadline = time.monotonic() + drain_s
+        drained = [s.join(max(0.0, deadline - time.monotonic())) for s in self.streams.values()]
+        self._close_sinks()
+        return all(drained)
+
+    def _close_sinks(self) -> None:
+        for name, sink in self.sinks.items():
+            try:
+                sink.close()
+            except OSError as exc:
+                log.warning("stream %s: closing its sink: %s", name, exc)
 
     def events(self, name: str) -> Broadcaster | None:
         sink = self.sinks.get(name)
         return sink if isinstance(sink, Broadcaster) else None
 
     def snapshot(self) -> dict[str, Any]:
-        """Per stream: frames in, out, dropped, skipped, failed, degraded; latencies."""
+        """Per stream: frames in, out, dropped, skipped, failed, degraded, unsent; the
+        source's state and reopenings; latencies; what the sink could not send."""
         out = {}
         for name, stream in self.streams.items():
             entry = stream.stats.snapshot()
-            dropped = getattr(self.sinks[name], "dropped", None)
-            if isinstance(dropped, int):
-                entry["sink_dropped"] = dropped
+            entry["sink_dropped"] = self.sinks[name].dropped
             out[name] = entry
         return out

@@ -34,8 +34,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,7 +44,8 @@ from edge_agent.agent.stats import LatencyWindow
 from edge_agent.config import StreamSettings
 from edge_agent.preprocess import image_to_tensor
 from edge_agent.results import describe_outputs
-from edge_agent.streams.rules import LatestSlot, key_frame, next_due, thumbnail
+from edge_agent.streams.rules import LatestSlot, key_frame, thumbnail
+from edge_agent.streams.source import Capture, Frame, Source
 from edge_core.errors import EdgeError, InputError
 from edge_core.package import ModelPackage
 from edge_core.status import status_of
@@ -59,25 +60,14 @@ _END = object()  # what closes a queue
 
 
 @dataclass
-class Frame:
-    index: int
-    captured: float  # wall-clock time (time.time()), as results carry it
-    at: float  # the monotonic clock, for latencies
-    pixels: Array  # BGR uint8, H x W x 3
-    stages: dict[str, float] = field(default_factory=dict)  # milliseconds
+class Prepared:
+    """A frame ready for inference: its thumbnail (key frames), its input tensor (``None``
+    when it looked like the last frame inferred), or why it could not be prepared."""
 
-
-Prepared = tuple[Frame, "Array | None", "Array | None"]  # the frame, its thumbnail, its input
-
-
-class Capture(Protocol):
-    """A source of frames: OpenCV's ``VideoCapture`` (a file, a camera, a URL) or a fake."""
-
-    def read(self) -> tuple[bool, Array | None]: ...
-
-    def release(self) -> None: ...
-
-    def get(self, prop: int) -> float: ...
+    frame: Frame
+    small: Array | None = None
+    tensor: Array | None = None
+    error: Exception | None = None
 
 
 class Infer(Protocol):
@@ -97,6 +87,8 @@ class StreamStats:
         self._lock = threading.Lock()
         self.counts = dict.fromkeys(self.OUTCOMES, 0)
         self.latency = LatencyWindow(512)  # "end_to_end" and each stage, in ms
+        self.state = "starting"  # the source's: one of source.STATES
+        self.reopened = 0  # times a live source was opened again
 
     def count(self, outcome: str, n: int = 1) -> None:
         with self._lock:
@@ -105,11 +97,21 @@ class StreamStats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             counts = dict(self.counts)
-        return {"frames": counts, "latency_ms": self.latency.summary()}
+        return {
+            "frames": counts,
+            "latency_ms": self.latency.summary(),
+            "state": self.state,
+            "reopened": self.reopened,
+        }
 
 
 class Stream:
-    """Runs one ``[[streams]]`` entry until its source ends or :meth:`stop`."""
+    """Runs one ``[[streams]]`` entry until its source ends or :meth:`stop`.
+
+    A frame that fails in a stage (a model that raises, outputs nothing reads) gives a
+    result with its ``error`` and counts as ``failed``; the stream goes on. The stages
+    hand their end down the line whatever happens, so :meth:`join` always returns.
+    """
 
     def __init__(
         self,
@@ -119,10 +121,13 @@ class Stream:
         open_capture: Callable[[], Capture],
         infer: Infer,
         emit: Callable[[dict[str, Any]], None],
+        packages: Callable[[str], ModelPackage | None] = lambda name: None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """``package``: the model's (its image preprocessing makes a frame its input).
+        """``package``: the model's (its image preprocessing makes a frame its input);
+        ``packages``: the package of another model that answered (the cloud's, a
+        stand-in), to read its outputs.
 
         Raises:
             InputError: the model takes no pictures (no image preprocessing).
@@ -135,23 +140,29 @@ class Stream:
         self.settings = settings
         self.package = package
         self.stats = StreamStats()
-        self._open = open_capture
         self._infer = infer
         self._emit = emit
+        self._packages = packages
         self._clock = clock
-        self._wall = wall
+        self._stop = threading.Event()
+        self.source = Source(settings, open_capture, stop=self._stop, clock=clock, wall=wall,
+                             on_state=self._on_state)  # fmt: skip
         self._slot: LatestSlot[Frame] = LatestSlot()
         self._prepared: LatestSlot[Prepared] = LatestSlot()
         # a camera (or a file in real time) cannot wait: the newest frame wins; a file read
         # as fast as it decodes waits for the pipeline, and loses no frame
-        self._lossless = self._is_file() and not settings.realtime
+        self._lossless = not self.source.live and not settings.realtime
         self._answered: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_key: Array | None = None  # the thumbnail of the last frame inferred
         self._last_outcome: Any = None  # and its result, for the frames skipped after it
-        self._sink_ok = True  # the sink took the last result (else its failures are quiet)
+        self._quiet: set[str] = set()  # what went wrong and was said (once a spell)
         self.finished = threading.Event()  # the source ended, or the stream was stopped
+
+    @property
+    def error(self) -> str | None:
+        """Why the stream's file could not be read (``None``: it could, or is live)."""
+        return self.source.error
 
     # -- life -------------------------------------------------------------------------
 
@@ -180,97 +191,71 @@ class Stream:
     def join(self, timeout: float | None = None) -> bool:
         return self.finished.wait(timeout)
 
-    # -- the stages -------------------------------------------------------------------
+    def _on_state(self, state: str) -> None:
+        self.stats.state = state
+        self.stats.reopened = self.source.reopened
+
+    # -- the stages: each hands its end down the line, whatever happens ---------------
 
     def _capture_loop(self) -> None:
         """Decode frames and leave each in the slot (the newest wins), at the stream's
-        pace; a file read in real time at its own frame rate, as a camera gives it."""
+        pace."""
         try:
-            capture = self._open()
-        except Exception as exc:  # no source: said once, and the stream ends
-            log.error(
-                "stream %s: cannot open %s: %s", self.settings.name, self.settings.source, exc
-            )
-            self._slot.close()
-            return
-        try:
-            for frame in self._frames(capture):
+            for frame in self.source.frames():
                 self.stats.count("in")
                 if self._slot.put(frame, wait=self._lossless):
                     self.stats.count("dropped")
+                if self._slot.abandoned:  # nobody takes them any more
+                    break
         except Exception:
             log.exception("stream %s: the capture failed", self.settings.name)
+            self.stats.state = "failed"
         finally:
-            capture.release()
             self._slot.close()
 
-    def _frames(self, capture: Capture) -> Iterator[Frame]:
-        import cv2
-
-        fps = capture.get(cv2.CAP_PROP_FPS) if self.settings.realtime else 0.0
-        interval = 1.0 / fps if self._is_file() and fps and fps > 0 else 0.0
-        started, due, index = self._clock(), self._clock(), 0
-        while not self._stop.is_set():
-            if interval:  # a file, in real time: frame n at its own time
-                wait = started + index * interval - self._clock()
-                if wait > 0 and self._stop.wait(wait):
-                    return
-            before = self._clock()
-            ok, pixels = capture.read()
-            if not ok or pixels is None:
-                return
-            now = self._clock()
-            index += 1
-            take, due = next_due(due, now, self.settings.rate)
-            if take:
-                frame = Frame(index - 1, self._wall(), now, pixels)
-                frame.stages["decode"] = (now - before) * 1000
-                yield frame
-
-    def _is_file(self) -> bool:
-        source = self.settings.source
-        return "://" not in source and not source.startswith("/dev/")
-
     def _prepare_loop(self) -> None:
-        while True:
-            frame = self._slot.take(timeout=0.5)
-            if frame is None:
-                if self._slot.done:
-                    break
-                continue
-            if self._prepared.put(self._prepare(frame), wait=self._lossless):
-                self.stats.count("dropped")  # inference is slower: the newer frame wins
-        self._prepared.close()
+        try:
+            while (frame := self._next(self._slot)) is not None:
+                if self._prepared.put(self._prepare(frame), wait=self._lossless):
+                    self.stats.count("dropped")  # inference is slower: the newer frame wins
+        finally:
+            self._slot.abandon()  # a capture waiting to hand a frame over goes on
+            self._prepared.close()
 
     def _infer_loop(self) -> None:
-        while True:
-            item = self._prepared.take(timeout=0.5)
-            if item is None:
-                if self._prepared.done:
-                    break
-                continue
-            self._answered.put((item[0], *self._answer(*item)))
-        self._answered.put(_END)
+        try:
+            while (item := self._next(self._prepared)) is not None:
+                self._answered.put((item.frame, *self._answer(item)))
+        finally:
+            self._prepared.abandon()
+            self._answered.put(_END)
 
     def _emit_loop(self) -> None:
         try:
             while (item := self._answered.get()) is not _END:
-                self._finish(*item)
+                try:
+                    self._finish(*item)
+                except Exception:  # a bug of ours: this result is lost, not the stream
+                    log.exception("stream %s: a result was lost", self.settings.name)
         finally:
             self.finished.set()
+
+    @staticmethod
+    def _next(slot: LatestSlot[Any]) -> Any:
+        """The next item of ``slot``, or ``None`` once it is closed and empty."""
+        while True:
+            item = slot.take(timeout=0.5)
+            if item is not None or slot.done:
+                return item
 
     def run_in_turn(self) -> None:
         """The same stages one after the other on the calling thread, frame by frame,
         until the source ends or :meth:`stop`: what a single core does best, and what
         the benchmark compares the pipeline with."""
         try:
-            capture = self._open()
-            try:
-                for frame in self._frames(capture):
-                    self.stats.count("in")
-                    self._finish(frame, *self._answer(*self._prepare(frame)))
-            finally:
-                capture.release()
+            for frame in self.source.frames():
+                self.stats.count("in")
+                self._finish(frame, *self._answer(self._prepare(frame)))
         finally:
             self.finished.set()
 
@@ -278,16 +263,20 @@ class Stream:
 
     def _prepare(self, frame: Frame) -> Prepared:
         """The frame's thumbnail (with key frames) and the manifest's preprocessing, left
-        out (``None``) for a frame like the last one inferred: inference would skip it."""
+        out for a frame like the last one inferred (inference would skip it)."""
         pre = self.package.preprocessing
         assert pre is not None
         started = self._clock()
-        tensor: Array | None = None
-        small = thumbnail(frame.pixels) if self.settings.key_frames > 0 else None
-        if not self._like_the_last(small):
-            tensor = image_to_tensor(frame.pixels, pre)
+        prepared = Prepared(frame)
+        try:
+            if self.settings.key_frames > 0:
+                prepared.small = thumbnail(frame.pixels)
+            if not self._like_the_last(prepared.small):
+                prepared.tensor = image_to_tensor(frame.pixels, pre)
+        except Exception as exc:  # a frame OpenCV decoded but cannot convert
+            prepared.error = self._unexpected("preprocessing", exc)
         frame.stages["preprocess"] = (self._clock() - started) * 1000
-        return frame, small, tensor
+        return prepared
 
     def _like_the_last(self, small: Array | None) -> bool:
         """Whether a frame of thumbnail ``small`` is like the last one inferred (key
@@ -296,7 +285,7 @@ class Stream:
             return False
         return not key_frame(self._last_key, small, self.settings.key_frames).key
 
-    def _answer(self, frame: Frame, small: Array | None, tensor: Array | None) -> tuple[Any, bool]:
+    def _answer(self, item: Prepared) -> tuple[Any, bool]:
         """Through the agent (the policy, the offload, the fallback): its result, or the
         error that stands for it, and whether the frame was skipped (like the last one
         inferred, judged here, against the frame inference really took last: its result
@@ -305,29 +294,37 @@ class Stream:
         assert pre is not None
         started = self._clock()
         outcome: Any
-        skipped = self._like_the_last(small)
-        if skipped:
+        skipped = item.error is None and self._like_the_last(item.small)
+        if item.error is not None:
+            outcome = item.error
+        elif skipped:
             outcome = self._last_outcome
         else:
-            if tensor is None:  # prepared against an older frame than the one taken last
-                tensor = image_to_tensor(frame.pixels, pre)
             try:
+                tensor = item.tensor
+                if tensor is None:  # prepared against an older frame than the one taken last
+                    tensor = image_to_tensor(item.frame.pixels, pre)
                 outcome = self._infer(
                     self.package.name,
                     {pre.input: tensor},
                     label=self.settings.label,
                     deadline_ms=self.settings.deadline_ms or None,
                 )
-                self._last_key, self._last_outcome = small, outcome
+                self._last_key, self._last_outcome = item.small, outcome
             except EdgeError as exc:  # refused, or the cloud failed with no stand-in
                 outcome = exc
-        frame.stages["infer"] = (self._clock() - started) * 1000
+            except Exception as exc:  # a runtime that raised: this frame fails, not the stream
+                outcome = self._unexpected("inference", exc)
+        item.frame.stages["infer"] = (self._clock() - started) * 1000
         return outcome, skipped
 
     def _finish(self, frame: Frame, outcome: Any, skipped: bool) -> None:
         """Describe the answer, time the frame, count it, and give it to the sink."""
         started = self._clock()
-        result = self._result(frame, outcome, skipped)
+        try:
+            result = self._result(frame, outcome, skipped)
+        except Exception as exc:  # outputs that nothing reads as the manifest says
+            result = self._result(frame, self._unexpected("reading the answer", exc), skipped)
         frame.stages["postprocess"] = (self._clock() - started) * 1000
         end_to_end = (self._clock() - frame.at) * 1000
         result["latency_ms"] = round(end_to_end, 3)
@@ -348,11 +345,20 @@ class Stream:
             self.stats.count("unsent")
         except Exception as exc:  # a sink that fails loses this result, not the stream
             self.stats.count("unsent")
-            level = logging.WARNING if self._sink_ok else logging.DEBUG  # said once a spell
-            log.log(level, "stream %s: the sink failed: %s", self.settings.name, exc)
-            self._sink_ok = False
+            self._say("sink", f"stream {self.settings.name}: the sink failed: {exc}")
         else:
-            self._sink_ok = True
+            self._quiet.discard("sink")
+
+    def _unexpected(self, stage: str, exc: Exception) -> EdgeError:
+        """An error no stage expects, said once a spell, as the frame's error."""
+        error = EdgeError(f"{stage} failed: {type(exc).__name__}: {exc}")
+        self._say(stage, f"stream {self.settings.name}: {error}")
+        return error
+
+    def _say(self, what: str, message: str) -> None:
+        level = logging.DEBUG if what in self._quiet else logging.WARNING
+        self._quiet.add(what)
+        log.log(level, "%s", message)
 
     def _result(self, frame: Frame, outcome: Any, skipped: bool) -> dict[str, Any]:
         result: dict[str, Any] = {
@@ -369,7 +375,11 @@ class Stream:
             if decision is not None:
                 result.update(decision=decision.action.value, reason=decision.reason)
             return result
-        if outcome.degraded:
+        package = self.package
+        if outcome.model != package.name:  # the cloud's model, or a stand-in, answered
+            package = self._packages(outcome.model) or package
+        answer = describe_outputs(package, outcome.outputs, top=3, image_hw=frame.pixels.shape[:2])
+        if outcome.degraded and not skipped:  # once an inference, not once a frame
             self.stats.count("degraded")
         result.update(
             decision=outcome.decision.action.value,
@@ -378,8 +388,6 @@ class Stream:
             model=outcome.model,
             version=outcome.version,
             degraded=outcome.degraded,
-            answer=describe_outputs(
-                self.package, outcome.outputs, top=3, image_hw=frame.pixels.shape[:2]
-            ),
+            answer=answer,
         )
         return result

@@ -30,28 +30,33 @@ THUMBNAIL = (32, 24)  # width, height: enough to see a scene change, cheap to co
 
 
 class LatestSlot(Generic[T]):
-    """One slot that keeps the newest item: :meth:`put` never blocks, :meth:`take` waits.
+    """One slot that keeps the newest item between a producer and a consumer thread.
 
-    Thread-safe. ``dropped`` counts the items replaced before anyone took them.
+    :meth:`put` replaces an item not yet taken (the newest wins), or, with ``wait``,
+    waits until it is taken; :meth:`take` waits for one. The producer closes it
+    (:meth:`close`) when it has no more; the consumer abandons it (:meth:`abandon`) when
+    it will take no more, so that a producer waiting to hand an item over goes on.
+    Thread-safe.
     """
 
     def __init__(self) -> None:
         self._item: T | None = None
         self._has = False
         self._closed = False
+        self._abandoned = False
         self._cond = threading.Condition()
-        self.dropped = 0
 
     def put(self, item: T, *, wait: bool = False) -> bool:
-        """Leave ``item`` for the next :meth:`take`; ``True`` when it replaced an older one.
-        With ``wait`` (a file read as fast as it decodes, where every frame counts), wait
-        until the slot is free instead."""
+        """Leave ``item`` for the next :meth:`take`; ``True`` when an item was lost for it
+        (an older one replaced, or this one, the consumer gone). With ``wait`` (a file
+        read as fast as it decodes, where every frame counts), wait until the slot is
+        free instead."""
         with self._cond:
             if wait:
-                self._cond.wait_for(lambda: not self._has or self._closed)
+                self._cond.wait_for(lambda: not self._has or self._closed or self._abandoned)
+            if self._abandoned:
+                return True
             replaced = self._has
-            if replaced:
-                self.dropped += 1
             self._item, self._has = item, True
             self._cond.notify()
             return replaced
@@ -73,10 +78,22 @@ class LatestSlot(Generic[T]):
         with self._cond:
             return self._closed and not self._has
 
+    @property
+    def abandoned(self) -> bool:
+        with self._cond:
+            return self._abandoned
+
     def close(self) -> None:
         """No more items: a waiting :meth:`take` returns what is left, then ``None``."""
         with self._cond:
             self._closed = True
+            self._cond.notify_all()
+
+    def abandon(self) -> None:
+        """No more takes: a waiting :meth:`put` returns, and every later one at once."""
+        with self._cond:
+            self._abandoned = True
+            self._item, self._has = None, False
             self._cond.notify_all()
 
 
