@@ -105,9 +105,9 @@ class Server:
 
     def cannot(self, case: Case) -> str | None:
         """Why this server cannot take ``case`` (``None``: it can)."""
-        if case.protocol == "http" and not case.json_tensors:
-            if "binary_tensor_data" not in self.extensions:
-                return "no binary tensor extension"
+        binary = case.protocol == "http" and not case.json_tensors
+        if binary and "binary_tensor_data" not in self.extensions:
+            return "no binary tensor extension"
         return None
 
 
@@ -127,6 +127,7 @@ def gateway_process(
     threads: int,
     max_batch: int,
     delay_us: int,
+    busy_delay_us: int = 0,
     on_cpus: frozenset[int] | None,
     source: Path | None = None,
     log: Path,
@@ -148,6 +149,8 @@ def gateway_process(
         f"http_port = {http_port}\ngrpc_port = {grpc_port}\npoll_interval_s = 0\n"
         f"workers = 1\nthreads = {threads}\n"
         f"[batching]\nmax_batch_size = {max_batch}\nmax_queue_delay_us = {delay_us}\n"
+        # only when set: the code of a checkout from before it would refuse the field
+        + (f"busy_delay_us = {busy_delay_us}\n" if busy_delay_us else "")
     )
     env = dict(os.environ)
     if source is not None:
@@ -181,6 +184,7 @@ def _start(
         process, http_port, grpc_port, key = gateway_process(
             folder, package.root, threads=args.threads, max_batch=args.max_batch,
             delay_us=args.delay_us, on_cpus=on_cpus, source=source, log=log,
+            busy_delay_us=0 if source is not None else args.busy_delay_us,
         )  # fmt: skip
         token[:] = [key]
     elif name == "triton":
@@ -251,6 +255,7 @@ def run_peers(args: argparse.Namespace) -> int:
         "threads": args.threads,
         "max_batch_size": args.max_batch,
         "delay_us": args.delay_us,
+        "busy_delay_us": args.busy_delay_us,
         "mlserver_batch_ms": args.mlserver_batch_ms,
         "server_cpus": sorted(args.server_cpus) if args.server_cpus else None,
         "client_cpus": sorted(client_cpus) if client_cpus else None,
@@ -417,8 +422,9 @@ def format_peers(report: dict[str, Any]) -> str:
         f"case, {report['rounds']} round(s), medians)",
         "servers: "
         + "; ".join(
-            f"{s}: {v['skipped']}" if v.get("skipped") else f"{s}: {v['version']}, "
-            f"ready in {v['started_s']} s"
+            f"{s}: {v['skipped']}"
+            if v.get("skipped")
+            else f"{s}: {v['version']}, ready in {v['started_s']} s"
             for s, v in report["servers"].items()
         ),
         render_table(headers, rows),

@@ -138,15 +138,15 @@ async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callabl
     else:
         tensor.set_data_from_numpy(x)
     expected = int(args.output_elements)
+    base = {"authorization": f"Bearer {args.token}"}
+    if args.protocol == "http" and args.json_tensors:
+        # tritonclient sends no Content-Type, and FastAPI servers (MLServer) leave a
+        # body without application/json undecoded (422)
+        base["content-type"] = "application/json"
 
     async def send() -> None:
         # fresh headers each time: the HTTP client adds to the dict it is given
-        result = await client.infer(
-            args.model,
-            [tensor],
-            outputs=outputs,
-            headers={"authorization": f"Bearer {args.token}"},
-        )
+        result = await client.infer(args.model, [tensor], outputs=outputs, headers=dict(base))
         answer = result.as_numpy(args.output)
         if answer is None or answer.size != expected:
             raise BadAnswer(f"unexpected outputs: {result.get_response()!r:.200}")

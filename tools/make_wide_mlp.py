@@ -97,7 +97,8 @@ def write_package(out: Path, *, width: int = WIDTH, depth: int = DEPTH) -> Path:
     (root / "model.fp32.onnx").write_bytes(onnx_bytes)
     x = np.random.default_rng(SEED + 1).uniform(0.0, 16.0, (GOLDEN_ROWS, FEATURES))
     x = x.astype(np.float32)
-    np.savez(root / "golden.npz", **{f"input:{INPUT}": x, f"output:{OUTPUT}": _run(onnx_bytes, x)})
+    golden: dict[str, Any] = {f"input:{INPUT}": x, f"output:{OUTPUT}": _run(onnx_bytes, x)}
+    np.savez(root / "golden.npz", **golden)
     manifest = {
         "name": NAME,
         "version": 1,

@@ -56,6 +56,11 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--delay-us", type=int, default=0, help="max_queue_delay_us with batching on"
     )
+    bench.add_argument(
+        "--busy-delay-us",
+        type=int,
+        help="the gateway's busy_delay_us with batching on (default: 0; with --peers: 2000)",
+    )
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.add_argument(
         "--chart", type=Path, help="draw throughput and p99 against concurrency (PNG)"
@@ -88,10 +93,12 @@ def _bench(args: argparse.Namespace) -> int:
         args.variant = args.variant or "onnx-fp32"
         args.concurrency = args.concurrency or "1,64"
         args.threads = args.threads or 1
+        args.busy_delay_us = 2000 if args.busy_delay_us is None else args.busy_delay_us
         return run_peers(args)
     from cloud_gateway.bench import run_from_args
 
     args.model = args.model or "digits-heavy"
     args.variant = args.variant or "onnx-int8"
     args.concurrency = args.concurrency or "1,8,32,64"
+    args.busy_delay_us = args.busy_delay_us or 0
     return run_from_args(args)
