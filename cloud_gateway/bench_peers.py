@@ -418,7 +418,8 @@ def format_peers(report: dict[str, Any]) -> str:
     lines = [
         f"peers: {report['model']} {report['variant']} ({report['machine']['cpus']} CPUs, "
         f"{placement}; {report['threads']} ONNX Runtime thread(s) each, batches up to "
-        f"{report['max_batch_size']}; {report['client']}; {report['seconds_per_case']:g} s a "
+        f"{report['max_batch_size']}, the gateway's busy_delay_us "
+        f"{report.get('busy_delay_us', 0)}; {report['client']}; {report['seconds_per_case']:g} s a "
         f"case, {report['rounds']} round(s), medians)",
         "servers: "
         + "; ".join(

@@ -151,3 +151,13 @@ def test_the_tool_runs_as_a_script(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "wide-mlp" / "1" / "manifest.json").is_file()
+
+
+def test_the_figures_page_judges_p2b_from_the_summary() -> None:
+    from tools.bench_targets import TARGETS, judge
+
+    report = _report()
+    summarize_peers(report)
+    text, met = judge(next(t for t in TARGETS if t.id == "P2b"), report)
+    assert "gRPC, 64 clients: 0.8x triton, p99 45.0 ms" in text
+    assert met is False
