@@ -91,7 +91,7 @@ docs: venv
 # commit), then the generated figures page, docs/benchmarks/figures.md. One benchmark
 # alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
 # They measure this machine: run them on an idle one.
-BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway remote fleet-1k fleet-10k faces ppocr
+BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway gateway-wide remote peers fleet-1k fleet-10k faces ppocr
 BENCH_digits-light = -m edge_agent bench --model digits-light
 BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
 BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
@@ -102,7 +102,12 @@ BENCH_mqtt         = -m edge_agent bench mqtt
 BENCH_service      = -m edge_agent bench service
 BENCH_stream       = -m edge_agent bench stream
 BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
+# the wide MLP (made by tools/make_wide_mlp.py, not committed): a model where batching pays
+BENCH_gateway-wide = -m cloud_gateway bench --model wide-mlp --variant onnx-fp32
 BENCH_remote       = -m cloud_gateway bench remote
+# Triton (PyTriton 0.7.0) and MLServer 1.7.1, each installed on first use into its own
+# environment under ~/.cache/edge-inference (a few minutes, about 1 GB)
+BENCH_peers        = -m cloud_gateway bench --peers triton,mlserver --rounds 2
 BENCH_fleet-1k     = -m cloud_gateway bench fleet --devices 1000 --replicas 2
 BENCH_fleet-10k    = -m cloud_gateway bench fleet --devices 10000 --replicas 2
 BENCH_faces        = -m edge_agent bench privacy
@@ -128,6 +133,10 @@ bench-%: venv broker fetch-models
 	$(PY) tools/bench_page.py stamp bench-results/$*.json
 
 bench-ppocr: bench-results/ppocr-data
+bench-gateway-wide bench-peers: models/wide-mlp/1/manifest.json
+
+models/wide-mlp/1/manifest.json: tools/make_wide_mlp.py | venv
+	$(PY) tools/make_wide_mlp.py --out models
 
 # scikit-image's photographs (inside its wheel), split for PP-OCR's calibration and evaluation.
 bench-results/ppocr-data: venv

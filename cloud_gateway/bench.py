@@ -178,7 +178,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         "front_end_cpus": sorted(front) if front else None,
         "client": args.client,
         "seconds_per_case": args.seconds,
-        "batching": {"max_batch_size": args.max_batch, "max_queue_delay_us": args.delay_us},
+        "batching": {
+            "max_batch_size": args.max_batch,
+            "max_queue_delay_us": args.delay_us,
+            "busy_delay_us": args.busy_delay_us,
+        },
         "cases": [],
     }
     print(f"model alone ({package.name} {args.variant}, {threads} threads) ...", flush=True)
@@ -202,7 +206,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         (state / "repo" / package.name).symlink_to(package.root.parent)
         token = DeviceRegistry.add_to(base.state_url, "bench", "bench")
         batching_on = BatchingSettings(
-            max_batch_size=args.max_batch, max_queue_delay_us=args.delay_us
+            max_batch_size=args.max_batch,
+            max_queue_delay_us=args.delay_us,
+            busy_delay_us=args.busy_delay_us,
         )
         setups: list[tuple[str, bool, Backend]] = [
             ("noop", True, NoOpBackend()),

@@ -36,6 +36,8 @@ A TOML file (every field optional; command-line flags override it)::
     max_batch_size = 32
     max_queue_delay_us = 0           # added wait for a fuller batch (0: none)
     preferred_batch_sizes = []
+    busy_delay_us = 0                # a wait only while busy: the last batch held several
+                                     # requests; it ends once the batch is as full
 
     [models.digits-heavy.batching]   # per model
     max_batch_size = 64
@@ -138,6 +140,9 @@ class BatchingSettings:
     max_batch_size: int = 32
     max_queue_delay_us: int = 0  # 0: no added wait; what arrived during the last run goes together
     preferred_batch_sizes: tuple[int, ...] = ()
+    # a wait for a fuller batch only while the model is busy (its last batch held several
+    # requests), and only until the batch is as full as that one: a lone client never waits
+    busy_delay_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -351,6 +356,7 @@ def _batching(fields: Fields, base: BatchingSettings) -> BatchingSettings:
         preferred_batch_sizes=tuple(
             fields.int_list("preferred_batch_sizes", list(base.preferred_batch_sizes))
         ),
+        busy_delay_us=fields.integer("busy_delay_us", base.busy_delay_us, minimum=0),
     )
     for size in config.preferred_batch_sizes:
         if not 1 <= size <= config.max_batch_size:

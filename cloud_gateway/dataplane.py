@@ -68,6 +68,7 @@ class DataPlane:
         self.remotes = tuple(remotes)
         self.registry = registry
         self.metrics = metrics
+        self._children: dict[tuple[Any, ...], Any] = {}  # metric children, see _child
         self.limiter = RateLimiter(
             config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
         )
@@ -348,7 +349,7 @@ class DataPlane:
             if deadline is not None and deadline <= started:
                 raise DeadlineExceeded("the request's deadline had passed when it arrived")
             if device is not None:
-                self.metrics.device_requests.labels(device.id, device.group).inc()
+                self._child(self.metrics.device_requests, device.id, device.group).inc()
             if model.forward is not None:
                 outputs = await self._forward(model, request, deadline)
             else:
@@ -376,9 +377,21 @@ class DataPlane:
                     extra={"request_id": request_id},
                 )
             raise
-        self.metrics.requests.labels(model_label, protocol, "ok").inc()
-        self.metrics.request_seconds.labels(model_label, protocol).observe(self._clock() - started)
+        self._child(self.metrics.requests, model_label, protocol, "ok").inc()
+        self._child(self.metrics.request_seconds, model_label, protocol).observe(
+            self._clock() - started
+        )
         return response
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: prometheus_client's lookup takes a lock and
+        checks every label each time, several times a request. These series are never
+        removed, and their labels are bounded (models, protocols, devices)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     async def _forward(
         self, model: LoadedModel, request: InferRequest, deadline: float | None

@@ -14,7 +14,8 @@ Two kinds of client:
   a cheap client leaves the CPU to the system under test, as remote clients
   would.
 - ``tritonclient``: the stock ``tritonclient`` aio clients, which rebuild and
-  decode every request in Python and so cost about as much CPU as the server.
+  decode every request in Python and so cost about as much CPU as the server;
+  what ``cloud-gateway bench --peers`` uses, since every peer must take them.
 
 Each client holds its own connection (HTTP keep-alive or a gRPC channel).
 """
@@ -127,11 +128,28 @@ async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callabl
         import tritonclient.http.aio as client_module
     client = client_module.InferenceServerClient(args.url)
     tensor = client_module.InferInput(args.input, list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
+    outputs = None
+    if args.protocol == "http":
+        # JSON tensors both ways (an engine without the binary extension), or binary
+        # ones both ways (tritonclient's default)
+        binary = not args.json_tensors
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        outputs = [client_module.InferRequestedOutput(args.output, binary_data=binary)]
+    else:
+        tensor.set_data_from_numpy(x)
+    expected = int(args.output_elements)
+    base = {"authorization": f"Bearer {args.token}"}
+    if args.protocol == "http" and args.json_tensors:
+        # tritonclient sends no Content-Type, and FastAPI servers (MLServer) leave a
+        # body without application/json undecoded (422)
+        base["content-type"] = "application/json"
 
     async def send() -> None:
         # fresh headers each time: the HTTP client adds to the dict it is given
-        await client.infer(args.model, [tensor], headers={"authorization": f"Bearer {args.token}"})
+        result = await client.infer(args.model, [tensor], outputs=outputs, headers=dict(base))
+        answer = result.as_numpy(args.output)
+        if answer is None or answer.size != expected:
+            raise BadAnswer(f"unexpected outputs: {result.get_response()!r:.200}")
 
     return send, client.close
 
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--input", default="pixels")
+    parser.add_argument("--output", default="probabilities", help="the output checked")
     parser.add_argument("--output-elements", type=int, default=10, help="FP32 values answered")
     parser.add_argument("--token", required=True)
     parser.add_argument("--data", required=True, help=".npy with one input row")
@@ -210,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--cpus", help="run on these cores only, e.g. 0 or 0,1")
     parser.add_argument(
-        "--json-tensors", action="store_true", help="HTTP: tensors as JSON, not binary"
+        "--json-tensors",
+        action="store_true",
+        help="HTTP: tensors as JSON, not binary (both clients, both directions)",
     )
     args = parser.parse_args(argv)
     if args.cpus:

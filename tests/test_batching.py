@@ -6,13 +6,14 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cloud_gateway.batching import DynamicBatcher, Queued, plan_batch
-from cloud_gateway.config import BatchingSettings
-from edge_core.errors import DeadlineExceeded
+from cloud_gateway.config import BatchingSettings, load_config
+from edge_core.errors import ConfigError, DeadlineExceeded
 
 CONFIG = BatchingSettings(max_batch_size=8, max_queue_delay_us=1000)
 
@@ -73,6 +74,37 @@ def test_zero_delay_runs_what_is_there() -> None:
     assert plan_batch([q(), q()], 0.0, config).take == [0, 1]
 
 
+BUSY = BatchingSettings(max_batch_size=8, max_queue_delay_us=0, busy_delay_us=2000)
+
+
+def test_busy_delay_waits_for_as_many_rows_as_the_last_batch() -> None:
+    # the last batch held 4 requests (5 rows): 2 queued rows wait, up to 2 ms
+    plan = plan_batch([q(at=0.0), q(at=0.0001)], 0.0005, BUSY, last=(4, 5))
+    assert plan.take == [] and plan.wake_at == pytest.approx(0.002)
+    assert plan_batch([q(at=0.0), q(at=0.0001)], 0.002, BUSY, last=(4, 5)).take == [0, 1]
+    # as full as the last one: no wait
+    queue = [q(at=0.0), q(rows=2, at=0.0), q(rows=2, at=0.0001)]
+    assert plan_batch(queue, 0.0002, BUSY, last=(4, 5)).take == [0, 1, 2]
+
+
+def test_busy_delay_never_holds_a_lone_client() -> None:
+    assert plan_batch([q()], 0.0, BUSY).take == [0]  # nothing ran before
+    assert plan_batch([q()], 0.0, BUSY, last=(1, 6)).take == [0]  # one request of 6 rows
+    assert plan_batch([q()], 0.0, BUSY, last=(2, 2)).take == []  # two clients: it waits
+
+
+def test_busy_delay_stops_at_a_full_batch() -> None:
+    # the last batch was larger than max_batch_size allows now: a full one goes
+    queue = [q(rows=4), q(rows=4)]
+    assert plan_batch(queue, 0.0, BUSY, last=(10, 30)).take == [0, 1]
+
+
+def test_the_longer_of_the_two_delays_applies() -> None:
+    config = BatchingSettings(max_batch_size=8, max_queue_delay_us=5000, busy_delay_us=2000)
+    assert plan_batch([q()], 0.0, config, last=(3, 3)).wake_at == pytest.approx(0.005)
+    assert plan_batch([q()], 0.0, config).wake_at == pytest.approx(0.005)
+
+
 class FakeModel:
     """Doubles its input; records each batch; can be slow or fail on a marker value."""
 
@@ -114,6 +146,35 @@ def test_concurrent_requests_share_one_batch() -> None:
     assert model.batches == [6]
     for i, y in enumerate(results):
         assert y.tolist() == [[2 * i, 2 * i]]
+
+
+def test_busy_delay_gathers_concurrent_clients_and_spares_a_lone_one() -> None:
+    model = FakeModel()
+    config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0, busy_delay_us=300_000)
+
+    def x(i: int) -> dict[str, np.ndarray]:
+        return {"x": np.full((1, 2), i, np.float32)}
+
+    async def main() -> list[float]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(model, config, pool)
+            await asyncio.gather(*(batcher.submit(x(i)) for i in range(3)))  # at once: 3
+            # three clients again, one late: the first two wait for it
+            first = asyncio.gather(batcher.submit(x(0)), batcher.submit(x(1)))
+            await asyncio.sleep(0.02)
+            await asyncio.gather(first, batcher.submit(x(2)))
+            times = []
+            for i in range(2):  # then one client: it waits once (the last batch had 3)
+                started = time.monotonic()
+                await batcher.submit(x(i))
+                times.append(time.monotonic() - started)
+            await batcher.close()
+            return times
+
+    lone_waited, lone_alone = run(main())
+    assert model.batches == [3, 3, 1, 1]
+    assert lone_waited >= 0.25
+    assert lone_alone < 0.2  # its last batch was itself: no wait
 
 
 def test_idle_models_leave_the_shared_slots_to_busy_ones() -> None:
@@ -202,3 +263,12 @@ def test_close_runs_what_is_queued() -> None:
             return await pending
 
     assert run(main())["y"].tolist() == [[2.0]]  # type: ignore[index]
+
+
+def test_busy_delay_is_read_from_the_config_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text('repository = "models"\n[batching]\nbusy_delay_us = 1500\n')
+    assert load_config(path).batching.busy_delay_us == 1500
+    path.write_text('repository = "models"\n[models.m.batching]\nbusy_delay_us = -1\n')
+    with pytest.raises(ConfigError, match="busy_delay_us"):
+        load_config(path)

@@ -101,6 +101,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "{command}",
         "cloud_gateway.bench_fleet:format_fleet",
     ),
+    "peers": Benchmark(
+        "The gateway beside Triton and MLServer",
+        "{command}",
+        "cloud_gateway.bench_peers:format_peers",
+    ),
 }
 
 

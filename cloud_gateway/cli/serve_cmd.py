@@ -21,15 +21,21 @@ def register(commands: Any) -> None:
     serve.set_defaults(run=_serve)
 
     bench = commands.add_parser("bench", help="throughput and latency under concurrent load")
-    bench.add_argument("--model", default="digits-heavy")
+    bench.add_argument("--model", help="default: digits-heavy (with --peers: wide-mlp)")
     bench.add_argument(
         "--repository", type=Path, help="model repository (default: the sample models)"
     )
-    bench.add_argument("--variant", default="onnx-int8", help="variant the gateway serves")
-    bench.add_argument("--concurrency", default="1,8,32,64", help="client counts")
+    bench.add_argument(
+        "--variant", help="variant the gateway serves (default: onnx-int8; with --peers: onnx-fp32)"
+    )
+    bench.add_argument(
+        "--concurrency", help="client counts (default: 1,8,32,64; with --peers: 1,64)"
+    )
     bench.add_argument("--seconds", type=float, default=3.0, help="seconds per case")
     bench.add_argument(
-        "--threads", type=int, help="runtime threads per inference (default: the inference cores)"
+        "--threads",
+        type=int,
+        help="runtime threads per inference (default: the inference cores; with --peers: 1)",
     )
     bench.add_argument(
         "--inference-cpus",
@@ -50,15 +56,23 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--delay-us", type=int, default=0, help="max_queue_delay_us with batching on"
     )
+    bench.add_argument(
+        "--busy-delay-us",
+        type=int,
+        help="the gateway's busy_delay_us with batching on (default: 0; with --peers: 2000)",
+    )
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.add_argument(
         "--chart", type=Path, help="draw throughput and p99 against concurrency (PNG)"
     )
-    bench.set_defaults(run=_bench)
-    kinds = bench.add_subparsers(dest="bench_command", metavar="KIND")
     from cloud_gateway.bench_dashboard import register as register_dashboard
     from cloud_gateway.bench_fleet import register as register_fleet
+    from cloud_gateway.bench_peers import add_arguments as add_peer_arguments
     from cloud_gateway.bench_remote import register as register_remote
+
+    add_peer_arguments(bench)
+    bench.set_defaults(run=_bench)
+    kinds = bench.add_subparsers(dest="bench_command", metavar="KIND")
 
     register_remote(kinds)
     register_fleet(kinds)
@@ -74,6 +88,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.peers:
+        from cloud_gateway.bench_peers import run_peers
+
+        args.model = args.model or "wide-mlp"
+        args.variant = args.variant or "onnx-fp32"
+        args.concurrency = args.concurrency or "1,64"
+        args.threads = args.threads or 1
+        args.busy_delay_us = 2000 if args.busy_delay_us is None else args.busy_delay_us
+        return run_peers(args)
     from cloud_gateway.bench import run_from_args
 
+    args.model = args.model or "digits-heavy"
+    args.variant = args.variant or "onnx-int8"
+    args.concurrency = args.concurrency or "1,8,32,64"
+    args.busy_delay_us = args.busy_delay_us or 0
     return run_from_args(args)

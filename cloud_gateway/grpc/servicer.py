@@ -91,18 +91,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
+            token = request_id = None
+            for key, value in context.invocation_metadata() or ():  # one pass, both keys
+                if key == "authorization":
+                    token = parse_bearer(value)
+                elif key == "x-request-id":
+                    request_id = str(value)
             try:
-                device = self._device(context)
+                device = self.plane.authenticate(token)
                 infer_request = request_from_proto(request)
             except Exception as exc:
                 self.plane.count_failure(request.model_name, "grpc", exc)
                 raise
             remaining = context.time_remaining()
             deadline = None if remaining is None else self.plane.clock() + remaining
-            request_id = None
-            for key, value in context.invocation_metadata() or ():
-                if key == "x-request-id":
-                    request_id = str(value)
             response = await self.plane.infer(
                 infer_request,
                 device=device,
