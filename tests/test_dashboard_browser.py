@@ -88,29 +88,41 @@ def css(browser: Any, selector: str) -> list[Any]:
 
 def navigate(browser: Any, selector: str) -> None:
     """Click what ``selector`` finds (found again if the live refresh replaced it), which
-    leads to another page, and wait until that page has replaced this one."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    leads to another page, and wait until that page has replaced this one.
+
+    The old page is marked in its window, and the next page is the one without the
+    mark: asking the old page's elements whether they are stale races the navigation
+    (Chromium then answers "Node with given id does not belong to the document", not a
+    stale reference)."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.wait import WebDriverWait
 
-    page = browser.find_element(By.TAG_NAME, "html")
-    for _ in range(20):
+    browser.execute_script("window.leavingThisPage = true")
+    for attempt in range(20):
         try:
             browser.find_element(By.CSS_SELECTOR, selector).click()
             break
-        except StaleElementReferenceException:
-            continue
-    WebDriverWait(browser, 20).until(expected_conditions.staleness_of(page))
-    WebDriverWait(browser, 20).until(
-        lambda b: b.execute_script("return document.readyState") == "complete"
-    )
+        except WebDriverException:  # replaced by the live refresh meanwhile: found again
+            if attempt == 19:
+                raise
+            time.sleep(0.05)
+
+    def arrived(driver: Any) -> bool:
+        try:
+            return bool(driver.execute_script(
+                "return window.leavingThisPage !== true && document.readyState === 'complete'"
+            ))  # fmt: skip
+        except WebDriverException:  # between two pages
+            return False
+
+    WebDriverWait(browser, 20).until(arrived)
 
 
 def read(browser: Any, selector: str, attribute: str | None = None) -> str | None:
     """The text (or ``attribute``) of the first element ``selector`` finds, ``None`` when
     none does: read again when the live refresh replaced it meanwhile."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
 
     for _ in range(20):
         try:
@@ -119,8 +131,8 @@ def read(browser: Any, selector: str, attribute: str | None = None) -> str | Non
                 return None
             value = found[0].text if attribute is None else found[0].get_attribute(attribute)
             return str(value) if value is not None else None
-        except StaleElementReferenceException:
-            continue
+        except WebDriverException:  # stale, or "does not belong to the document": swapped
+            time.sleep(0.05)
     raise AssertionError(f"{selector} kept changing")
 
 
@@ -180,8 +192,10 @@ def test_a_started_agent_appears_on_fleet_without_a_reload(
     wait_until(lambda: health_of(browser, "cam-01") == "healthy", 60, "cam-01 healthy on Fleet")
     appeared = time.monotonic() - started
     assert browser.execute_script("return window.notReloaded === true"), "the page reloaded"
-    profile = read(browser, "#device-cam-01 .profile")
-    assert profile == "raspberry-pi-5"
+    # healthy from its first update check; its profile comes with its status message
+    wait_until(
+        lambda: read(browser, "#device-cam-01 .profile") == "raspberry-pi-5", 30, "its profile"
+    )
     assert "digits-light v1" in (read(browser, "#device-cam-01 .models") or "")
     wait_until(lambda: health_of(browser, "cam-hot") == "hot", 30, "cam-hot hot on Fleet")
     assert int((read(browser, "#count-total") or "").split()[0]) == 3
@@ -207,9 +221,18 @@ def test_a_hot_device_shows_as_hot_with_the_rule_on_hover(
     assert read(browser, "#device-profile") == "raspberry-pi-5"
     assert "waiting" in (read(browser, "#device-queue") or "")
     # its history: a point a minute, the seeded hour and a half and what the agent sent
-    lines = wait_until(lambda: css(browser, "svg polyline.line"), 20, "a chart with a line")
-    assert max(len((line.get_attribute("points") or "").split()) for line in lines) >= 90
+    points = wait_until(lambda: longest_line(browser), 20, "a chart with a line")
+    assert points >= 90
     shot("device")
+
+
+def longest_line(browser: Any) -> int:
+    """The most points a chart's line has (0: no chart yet), read in the page at once:
+    the live refresh may swap the charts between two reads from here."""
+    return int(browser.execute_script(
+        "return Math.max(0, ...Array.from(document.querySelectorAll('svg polyline.line'))"
+        ".map(l => (l.getAttribute('points') || '').trim().split(/\\s+/).filter(Boolean).length))"
+    ))  # fmt: skip
 
 
 def seed_history(world: DashboardWorld, device: str, minutes: int) -> None:
@@ -304,7 +327,7 @@ def test_a_rollout_started_from_the_page_reaches_the_agents_and_its_bar_moves(
 
     def running() -> bool:  # who runs which: two devices of the group on v2
         browser.get(f"{world.url}/ui/models")
-        return "rpi5-int8 v2 2" in by_id(browser, "model-digits-light").text
+        return "rpi5-int8 v2 2" in (read(browser, "#model-digits-light") or "")
 
     wait_until(running, 20, "the Models page: two devices on v2")
     shot("models")
@@ -370,9 +393,10 @@ def test_values_from_devices_are_text_never_markup(
     wait_until(lambda: read(browser, "#device-cam-xss .profile") == XSS, 20, "the XSS profile")
     assert XSS in (read(browser, "#device-cam-xss .models") or "")
     no_alert(browser)
-    assert not [
-        s for s in css(browser, "script") if "alert" in (s.get_attribute("innerHTML") or "")
-    ]
+    scripts = browser.execute_script(  # read in the page: the live refresh may swap it
+        "return Array.from(document.scripts).map(s => s.innerHTML)"
+    )
+    assert not [text for text in scripts if "alert" in text]
     shot("xss")
     browser.get(f"{world.url}/ui/devices/cam-xss")
     assert XSS in (read(browser, "#device-live") or "")
