@@ -6,6 +6,7 @@ image file does not load it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -155,12 +156,19 @@ def image_to_tensor(image: Array, pre: ImagePreprocessing) -> Array:
 class ImageView:
     """One image item of an input tensor as a picture, and the way back.
 
-    ``rgb`` is an ``H x W x 3`` ``uint8`` picture; ``encode`` turns a picture of
-    the same size back into a tensor item of the original layout and dtype.
+    ``size`` is the picture's height and width, known without making it; ``rgb`` is
+    the ``H x W x 3`` ``uint8`` picture, made by ``render`` when first asked for (a
+    picture too small to search is never converted); ``encode`` turns a picture of the
+    same size back into a tensor item of the original layout and dtype.
     """
 
-    rgb: Array
+    size: tuple[int, int]
+    render: Callable[[], Array]
     encode: Callable[[Array], Array]
+
+    @functools.cached_property
+    def rgb(self) -> Array:
+        return self.render()
 
 
 def tensor_to_image(item: Array, pre: ImagePreprocessing | None) -> ImageView | None:
@@ -189,21 +197,25 @@ def _known_layout(item: Array, pre: ImagePreprocessing) -> ImageView | None:
         if item.ndim != 3 or item.shape[2] != channels:
             return None
         hwc = item
-    with np.errstate(over="ignore", invalid="ignore"):  # any values a caller sends: clipped
-        values = hwc.astype(np.float32)
-        if pre.std is not None:
-            values = values * np.asarray(pre.std, np.float32)
-        if pre.mean is not None:
-            values = values + np.asarray(pre.mean, np.float32)
-        low, high = pre.value_range
-        scaled = np.nan_to_num((values - low) * (255.0 / (high - low)), nan=0.0)
-        pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
-    if channels == 1:
-        rgb = np.repeat(pixels, 3, axis=2)
-    elif pre.color == "bgr":
-        rgb = pixels[:, :, ::-1]
-    else:
-        rgb = pixels
+    low, high = pre.value_range
+
+    def render() -> Array:
+        with np.errstate(over="ignore", invalid="ignore"):  # any values a caller sends: clipped
+            values = hwc.astype(np.float32)
+            if pre.std is not None:
+                values = values * np.asarray(pre.std, np.float32)
+            if pre.mean is not None:
+                values = values + np.asarray(pre.mean, np.float32)
+            scaled = np.nan_to_num((values - low) * (255.0 / (high - low)), nan=0.0)
+            pixels = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+        if channels == 1:
+            rgb = np.repeat(pixels, 3, axis=2)
+        elif pre.color == "bgr":
+            rgb = pixels[:, :, ::-1]
+        else:
+            rgb = pixels
+        return np.ascontiguousarray(rgb)
+
     shape, dtype = item.shape, item.dtype
 
     def encode(picture: Array) -> Array:
@@ -222,7 +234,7 @@ def _known_layout(item: Array, pre: ImagePreprocessing) -> ImageView | None:
             tensor = tensor.transpose(2, 0, 1)
         return np.ascontiguousarray(tensor.reshape(shape)).astype(dtype)
 
-    return ImageView(np.ascontiguousarray(rgb), encode)
+    return ImageView((hwc.shape[0], hwc.shape[1]), render, encode)
 
 
 def _guessed_layout(item: Array) -> ImageView | None:
@@ -260,4 +272,5 @@ def _guessed_layout(item: Array) -> ImageView | None:
             tensor = tensor.transpose(2, 0, 1)
         return np.ascontiguousarray(tensor.reshape(shape)).astype(dtype)
 
-    return ImageView(np.ascontiguousarray(rgb), encode)
+    picture = np.ascontiguousarray(rgb)
+    return ImageView((hwc.shape[0], hwc.shape[1]), lambda: picture, encode)

@@ -248,7 +248,7 @@ class PrivacyInspector:
                 self._inspect_bytes(name, array, findings, detector)
                 continue
             found = pictures(array, self._pre(name, preprocessing))
-            searchable = [view for _, view in found if min(view.rgb.shape[:2]) >= PICTURE_SIDE]
+            searchable = [view for _, view in found if min(view.size) >= PICTURE_SIDE]
             if (not found and _looks_like_a_picture(array)) or (searchable and detector is None):
                 findings.unsearchable.append(name)
                 continue
