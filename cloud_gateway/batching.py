@@ -221,7 +221,11 @@ class DynamicBatcher:
             if self._closed and not self._queue:
                 return None
             # while closing, what is queued goes at once
-            config = replace(self.config, max_queue_delay_us=0) if self._closed else self.config
+            config = (
+                replace(self.config, max_queue_delay_us=0, busy_delay_us=0)
+                if self._closed
+                else self.config
+            )
             queue = [item.meta for item in self._queue]
             plan = plan_batch(queue, self._clock(), config, self._last)
             for index in plan.expired:

@@ -265,6 +265,26 @@ def test_close_runs_what_is_queued() -> None:
     assert run(main())["y"].tolist() == [[2.0]]  # type: ignore[index]
 
 
+def test_close_runs_what_is_queued_without_a_busy_delay() -> None:
+    model = FakeModel()
+    config = BatchingSettings(max_batch_size=8, max_queue_delay_us=0, busy_delay_us=5_000_000)
+
+    async def main() -> float:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(model, config, pool)
+            ones = {"x": np.ones((1, 1), np.float32)}
+            await asyncio.gather(*(batcher.submit(ones) for _ in range(3)))  # busy: 3 at once
+            pending = asyncio.ensure_future(batcher.submit(ones))  # would wait up to 5 s
+            await asyncio.sleep(0.01)
+            started = time.monotonic()
+            await batcher.close()
+            await pending
+            return time.monotonic() - started
+
+    assert run(main()) < 2.0  # closing runs it at once, not after the busy delay
+    assert model.batches == [3, 1]
+
+
 def test_busy_delay_is_read_from_the_config_and_checked(tmp_path: Path) -> None:
     path = tmp_path / "gateway.toml"
     path.write_text('repository = "models"\n[batching]\nbusy_delay_us = 1500\n')
