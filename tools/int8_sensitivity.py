@@ -17,7 +17,6 @@ as ``tools/ppocr-det.preprocessing.toml`` says (BGR, 480x640, [-1, 1]).
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,34 +74,6 @@ def _iou(reference: Sequence[Array], outputs: Sequence[Array], threshold: float)
     return both / max(either, 1)
 
 
-def _int8(data: bytes, calibration: list[dict[str, Array]], excluded: list[str]) -> bytes:
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self._items = iter(calibration)
-
-        def get_next(self) -> dict[str, Array] | None:
-            return next(self._items, None)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src, pre, dst = (Path(tmp) / name for name in ("a.onnx", "b.onnx", "c.onnx"))
-        src.write_bytes(convert._for_quantization(data))
-        quant_pre_process(str(src), str(pre), skip_optimization=True, skip_symbolic_shape=True)
-        quantize_static(
-            str(pre), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-            per_channel=True, nodes_to_exclude=excluded,
-        )  # fmt: skip
-        return dst.read_bytes()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     import onnx
 
@@ -134,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.model}: {len(nodes)} nodes, {len(convs)} convolutions; FP32 p50 {fp32_ms:.2f} ms")
     print(f"{'INT8 build':42s} {'kept FP32':>9s} {'IoU':>7s} {'p50 ms':>7s} {'x FP32':>6s}")
     for label, excluded in ways.items():
-        session = _session(_int8(data, calibration, excluded))
+        session = _session(convert.int8_static(data, calibration, keep_fp32=excluded))
         outputs = [session.run(None, item)[0] for item in evaluation]
         ms = _p50_ms(session, evaluation[0])
         iou = _iou(reference, outputs, args.threshold)

@@ -203,9 +203,11 @@ class Client:
         total = 0
         while True:
             size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
+            if size == 0:  # then trailers, counted against the same bound, to a blank line
+                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    total += len(line)
+                    if total > self.max_bytes:
+                        raise Malformed(f"an answer of more than {self.max_bytes} bytes")
                 return b"".join(parts)
             total += size
             if total > self.max_bytes:

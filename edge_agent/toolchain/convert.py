@@ -244,13 +244,14 @@ class _Reader:
     """``onnxruntime.quantization``'s calibration data reader over items."""
 
     def __init__(self, items: Sequence[dict[str, Array]]) -> None:
+        self._all = items
         self._items = iter(items)
 
     def get_next(self) -> dict[str, Array] | None:
         return next(self._items, None)
 
-    def rewind(self) -> None:  # pragma: no cover - not used by the calibrators here
-        raise NotImplementedError
+    def rewind(self) -> None:
+        self._items = iter(self._all)
 
 
 def _for_quantization(data: bytes) -> bytes:
@@ -290,8 +291,10 @@ def int8_static(
     *,
     method: str = "MinMax",
     per_channel: bool = True,
+    keep_fp32: Sequence[str] = (),
 ) -> bytes:
-    """Static INT8 (QDQ) of ``data`` calibrated on ``items`` with ``method``."""
+    """Static INT8 (QDQ) of ``data`` calibrated on ``items`` with ``method``; the nodes
+    named in ``keep_fp32`` stay in FP32."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -320,6 +323,7 @@ def int8_static(
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
             calibrate_method=getattr(CalibrationMethod, method),
+            nodes_to_exclude=list(keep_fp32),
         )
         return dst.read_bytes()
 
