@@ -52,6 +52,7 @@ from cloud_gateway.rest.connections import (
     protocol_class,
     raise_descriptor_limit,
 )
+from cloud_gateway.rest.infer import InferFront
 from cloud_gateway.state import StateDatabase, upgrade
 from edge_core.errors import ConfigError
 
@@ -242,7 +243,7 @@ class Gateway:
                     tls_kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED
         self._http = uvicorn.Server(
             uvicorn.Config(
-                self.app,
+                InferFront(self.app, self.plane),  # the inference route ahead of FastAPI
                 http=protocol_class(self.connections),
                 ws="none",
                 timeout_keep_alive=math.ceil(limits.keep_alive_timeout_s),  # ours applies

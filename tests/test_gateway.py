@@ -663,3 +663,66 @@ def test_grpc_unicode_version_is_malformed(gateway: GatewayHandle) -> None:
         lambda: client.get_model_metadata("digits-light", "²", headers=gateway.headers())
     )
     assert code == "StatusCode.INVALID_ARGUMENT" and "expected a decimal integer" in message
+
+
+def test_the_fast_inference_path_answers_as_the_fastapi_route(gateway: GatewayHandle) -> None:
+    """uvicorn's inference requests are answered ahead of FastAPI (InferFront); the
+    application's own route, which the OpenAPI document describes, answers alike."""
+    import httpx
+
+    x = heldout(2)
+    binary_body = (
+        json.dumps(
+            {
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [2, 64],
+                            "parameters": {"binary_data_size": x.nbytes}}],
+                "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+    )  # fmt: skip
+    header_length = str(len(binary_body))
+    binary_body += x.tobytes()
+    token = gateway.headers()
+    cases: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/v2/models/digits-heavy/infer", json.dumps({"inputs": [pixels()]}).encode(), token),
+        (
+            "/v2/models/digits-heavy/versions/1/infer",
+            binary_body,
+            {**token, "Inference-Header-Content-Length": header_length, "X-Request-Id": "r-1"},
+        ),
+        ("/v2/models/digits-heavy/infer", b"{not json", token),
+        ("/v2/models/digits-heavy/infer", json.dumps({"inputs": [pixels()]}).encode(), {}),
+        ("/v2/models/nope/infer", json.dumps({"inputs": [pixels()]}).encode(), token),
+        ("/v2/models/digits-heavy/versions/9/infer", b'{"inputs": []}', token),
+        (
+            "/v2/models/digits-heavy/versions/9/infer",
+            json.dumps({"inputs": [pixels()]}).encode(),
+            token,
+        ),
+        ("/v2/models/digits-heavy/infer", b"x", {**token, "Inference-Header-Content-Length": "9"}),
+    ]
+
+    async def bare(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+        transport = httpx.ASGITransport(app=gateway.gateway.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            answer = await client.post(path, content=body, headers=headers)
+        return answer.status_code, dict(answer.headers), answer.content
+
+    statuses = []
+    keys = ("content-type", "inference-header-content-length", "x-request-id", "www-authenticate")
+    for path, body, headers in cases:
+        request = urllib.request.Request(
+            f"http://{gateway.http_url}{path}", data=body, headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                served = (response.status, dict(response.headers), response.read())
+        except urllib.error.HTTPError as error:
+            served = (error.code, dict(error.headers), error.read())
+        routed = gateway.thread.call(bare(path, body, headers))
+        statuses.append(served[0])
+        assert served[0] == routed[0], path
+        assert served[2] == routed[2], path
+        for key in keys:
+            assert {k.lower(): v for k, v in served[1].items()}.get(key) == routed[1].get(key), key
+    assert statuses == [200, 200, 400, 401, 404, 400, 404, 400]

@@ -6,6 +6,10 @@ authenticate, call the data plane, encode the response. Errors become
 :mod:`edge_core.status`; nothing else (no traceback) reaches a client. A
 client that goes away before its body is in is counted
 (``gateway_client_disconnects_total``) and logged at debug level only.
+
+The inference route is the exception to "on FastAPI" where uvicorn serves it:
+:class:`~cloud_gateway.rest.infer.InferFront` answers it ahead of the application,
+with the same function (:func:`~cloud_gateway.rest.infer.run_infer`).
 """
 
 from __future__ import annotations
@@ -29,15 +33,10 @@ from cloud_gateway.fleet.telemetry import MAX_PAYLOAD_BYTES
 from cloud_gateway.metrics import CONTENT_TYPE
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.body import read_body
+from cloud_gateway.rest.infer import error_response, run_infer
 from cloud_gateway.rest.ota import add_ota_routes
 from edge_core.errors import EdgeError, RequestError, Unavailable
-from edge_core.protocol.rest import (
-    HEADER_LENGTH,
-    decode_infer_request,
-    encode_infer_response,
-    load_json,
-)
-from edge_core.protocol.types import parse_length
+from edge_core.protocol.rest import load_json
 from edge_core.status import status_of
 
 __all__ = ["create_app"]
@@ -86,12 +85,6 @@ _INFER_BODY: dict[str, Any] = {
 }
 
 
-def _error(exc: BaseException) -> JSONResponse:
-    status = status_of(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status.http == 401 else None
-    return JSONResponse({"error": status.message}, status_code=status.http, headers=headers)
-
-
 _TELEMETRY_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -133,7 +126,7 @@ def create_app(
     async def known_error(request: Request, exc: Exception) -> JSONResponse:
         if status_of(exc).http >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
-        return _error(exc)
+        return error_response(exc)
 
     app.add_exception_handler(RequestError, known_error)
     app.add_exception_handler(EdgeError, known_error)
@@ -216,27 +209,10 @@ def create_app(
         openapi_extra=_INFER_BODY,
     )
     async def infer(request: Request, name: str, version: str = "") -> Response:
-        try:
-            device = authenticate(request)
-            body = await read_body(request, max_body)
-            header = request.headers.get(HEADER_LENGTH)
-            length = None if header is None else parse_length(header, HEADER_LENGTH)
-            infer_request = decode_infer_request(body, length)
-        except (RequestError, EdgeError) as exc:
-            plane.count_failure(name, "http", exc)
-            raise
-        infer_request.model_name = name
-        infer_request.model_version = version
-        request_id = request.headers.get("x-request-id")
-        response = await plane.infer(
-            infer_request, device=device, protocol="http", request_id=request_id
+        # uvicorn's requests for these paths are answered by InferFront, ahead of FastAPI
+        return await run_infer(
+            plane, request.headers, lambda: read_body(request, max_body), name, version
         )
-        content, header_length = encode_infer_response(response, infer_request)
-        headers = {"X-Request-Id": request_id} if request_id else {}
-        if header_length is None:
-            return Response(content, media_type="application/json", headers=headers)
-        headers[HEADER_LENGTH] = str(header_length)
-        return Response(content, media_type="application/octet-stream", headers=headers)
 
     # -- repository (admin) ------------------------------------------------------------
 

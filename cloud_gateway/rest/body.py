@@ -3,32 +3,44 @@
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from edge_core.errors import PayloadTooLarge
 from edge_core.protocol.types import parse_length
 
-__all__ = ["read_body"]
+__all__ = ["read_body", "receive_body"]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body of ``request``, refused as soon as it is known to pass ``limit`` bytes
-    (by its ``Content-Length``, or while it streams in, chunked or not).
+    """The body of ``request`` (not read before), as :func:`receive_body` reads it."""
+    return await receive_body(request.receive, request.headers.get("content-length"), limit)
+
+
+async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """A request's body from its ASGI ``receive``, refused as soon as it is known to pass
+    ``limit`` bytes (by its ``Content-Length``, ``declared``, or while it streams in,
+    chunked or not).
 
     Raises:
         ProtocolError: a malformed ``Content-Length`` (a 400).
         PayloadTooLarge: more than ``limit`` bytes.
         starlette.requests.ClientDisconnect: the client went away before the end.
     """
-    declared = request.headers.get("content-length")
     if declared is not None and parse_length(declared, "Content-Length") > limit:
         raise PayloadTooLarge(
             f"request body of {declared} bytes exceeds the limit of {limit} bytes"
         )
     chunks = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
