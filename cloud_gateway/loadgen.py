@@ -17,7 +17,10 @@ Two kinds of client:
   decode every request in Python and so cost about as much CPU as the server;
   what ``cloud-gateway bench --peers`` uses, since every peer must take them.
 
-Each client holds its own connection (HTTP keep-alive or a gRPC channel).
+Each client holds its own connection, as each device of a fleet does: HTTP
+keep-alive, or a gRPC channel with its own subchannel pool (gRPC otherwise puts
+every channel to the same address with the same settings on one shared TCP
+connection, so that N clients were N streams of a single HTTP/2 connection).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from edge_core.protocol.rest import encode_infer_request
 from edge_core.protocol.types import InferRequest
 
 Send = Callable[[], Awaitable[None]]
+
+# a connection of its own for each client's channel (see the module's docstring)
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 class BadAnswer(Exception):
@@ -62,7 +68,7 @@ async def _grpc_raw(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Call
     from edge_core.protocol.grpc import request_to_proto
 
     body = request_to_proto(_request(args, x)).SerializeToString()
-    channel = grpc.aio.insecure_channel(args.url)
+    channel = grpc.aio.insecure_channel(args.url, options=OWN_CONNECTION)
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     metadata = (("authorization", f"Bearer {args.token}"),)
     expected = _output_bytes(args)
@@ -126,7 +132,10 @@ async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callabl
         import tritonclient.grpc.aio as client_module
     else:
         import tritonclient.http.aio as client_module
-    client = client_module.InferenceServerClient(args.url)
+    if args.protocol == "grpc":
+        client = client_module.InferenceServerClient(args.url, channel_args=OWN_CONNECTION)
+    else:
+        client = client_module.InferenceServerClient(args.url)
     tensor = client_module.InferInput(args.input, list(x.shape), "FP32")
     outputs = None
     if args.protocol == "http":
