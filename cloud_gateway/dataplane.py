@@ -400,7 +400,9 @@ class DataPlane:
         assert model.forward is not None
         started = self._clock()
         answer = await model.forward(request, deadline)
-        self.metrics.compute_seconds.labels(model.package.name).observe(self._clock() - started)
+        self._child(self.metrics.compute_seconds, model.package.name).observe(
+            self._clock() - started
+        )
         missing = [o.name for o in request.outputs or () if o.name not in answer.outputs]
         if missing:
             raise EngineError(f"engine {model.device} left out output(s) {', '.join(missing)}")

@@ -218,10 +218,10 @@ def test_the_deadline_reaches_the_engine(
     try:
         x = heldout(1)
         assert grpc_infer(front, x).shape == (1, 10)
-        started = time.monotonic()
+        # (how soon the caller hears is its own client's doing: gRPC ends the call at
+        # its deadline whatever the servers do; what the servers do is below)
         with pytest.raises(InferenceServerException) as caught:
             grpc_infer(front, x, client_timeout=0.1)
-        assert time.monotonic() - started < 0.28  # not the engine's 0.3 s
         assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
         # the engine was told: it gave up too (gRPC deadline, or the protocol's timeout)
         labels = ("digits-heavy", protocol, "deadline_exceeded")
