@@ -279,12 +279,17 @@ def test_a_live_source_that_stops_is_reopened_and_its_frames_numbered_on(
     )  # fmt: skip
     stream.start()
     end = time.monotonic() + 10
-    while len(opened) < 3 and time.monotonic() < end:
+
+    def third_capture_seen() -> bool:
+        # (the newest frame wins: any of a capture's frames may be dropped, not all)
+        return len(opened) >= 3 and any(r["frame"] >= 6 for r in list(results))
+
+    while not third_capture_seen() and time.monotonic() < end:
         time.sleep(0.01)
     assert stream.stop(5)
     assert len(opened) >= 3 and all(c.released for c in opened)
     frames = [r["frame"] for r in results]
-    assert frames == sorted(set(frames)) and frames[-1] >= 8  # 0, 1, 2, then 3, 4, 5 ...
+    assert frames == sorted(set(frames)) and frames[-1] >= 6  # 0, 1, 2, then 3, 4, 5 ...
     assert stream.stats.reopened >= 2 and stream.stats.state == "ended"
     assert stream.error is None
 
