@@ -73,13 +73,20 @@ def register(commands: Any) -> None:
     remote.add_argument("--clients", default="1,16", help="client counts")
     remote.add_argument("--seconds", type=float, default=2.0, help="seconds per case")
     remote.add_argument(
-        "--rounds", type=int, default=3, help="rounds of each case, straight then through"
+        "--rounds", type=_rounds, default=3, help="rounds of each case, straight then through"
     )
     remote.add_argument(
         "--engine-cpus", default="auto", help="cores of the engine (auto: the upper half)"
     )
     remote.add_argument("--json", type=Path, help="write the results here")
     remote.set_defaults(run=run_remote)
+
+
+def _rounds(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return value
 
 
 def _wait_ready(url: str, timeout: float = 60.0) -> None:
@@ -260,7 +267,8 @@ def summarize_remote(report: dict[str, Any]) -> None:
             gateway_one[r]["p50_ms"] - direct_one[r]["p50_ms"]
             for r in sorted(direct_one.keys() & gateway_one.keys())
         )
-        loss = 1 - through / straight
+        # (an engine that answered nothing straight: every request through it lost)
+        loss = 1 - through / straight if straight else 1.0
         summary[protocol] = {
             "clients": top,
             "direct_per_s": round(straight, 1),

@@ -133,7 +133,19 @@ async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callabl
     else:
         import tritonclient.http.aio as client_module
     if args.protocol == "grpc":
-        client = client_module.InferenceServerClient(args.url, channel_args=OWN_CONNECTION)
+        from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
+
+        # tritonclient's own channel options (channel_args replaces them), and ours
+        keepalive = KeepAliveOptions()
+        stock = [
+            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ]
+        client = client_module.InferenceServerClient(args.url, channel_args=stock + OWN_CONNECTION)
     else:
         client = client_module.InferenceServerClient(args.url)
     tensor = client_module.InferInput(args.input, list(x.shape), "FP32")

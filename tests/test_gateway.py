@@ -670,6 +670,11 @@ def test_the_fast_inference_path_answers_as_the_fastapi_route(gateway: GatewayHa
     application's own route, which the OpenAPI document describes, answers alike."""
     import httpx
 
+    from cloud_gateway.rest.infer import InferFront
+
+    served_app = gateway.gateway._http.config.app  # type: ignore[union-attr]
+    assert isinstance(served_app, InferFront) and served_app.app is gateway.gateway.app
+
     x = heldout(2)
     binary_body = (
         json.dumps(

@@ -39,20 +39,23 @@ def test_each_grpc_client_has_its_own_connection(
     np.save(data, np.zeros((1, 64), np.float32))
     port = gateway.gateway.grpc_port
     seen: list[int] = []
+    done = threading.Event()
 
-    def watch() -> None:
-        end = time.monotonic() + 8
-        while time.monotonic() < end and max(seen, default=0) < 4:
+    def watch() -> None:  # until the load ends, however long its start takes
+        while not done.is_set() and max(seen, default=0) < 4:
             seen.append(connections_to(port))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    result = load(
-        "grpc", gateway.grpc_url, "digits-light", gateway.device_token, data, 4, 2.0,
-        client=client,
-    )  # fmt: skip
-    watcher.join()
+    try:
+        result = load(
+            "grpc", gateway.grpc_url, "digits-light", gateway.device_token, data, 4, 2.0,
+            client=client,
+        )  # fmt: skip
+    finally:
+        done.set()
+        watcher.join()
     assert result["errors"] == 0 and result["requests"] > 0
     # gRPC would otherwise put the four channels on one shared connection
     assert max(seen) == 4

@@ -158,7 +158,8 @@ def _p10(report: Report) -> Verdict:
         f"p50 +{s['p50_added_ms']:.2f} ms"
         for protocol, s in report["summary"].items()
     ]
-    met = all(bool(s["meets_target"]) for s in report["summary"].values())
+    summary = report["summary"].values()
+    met = bool(summary) and all(bool(s["meets_target"]) for s in summary)
     return f"{report['engine']}: " + "; ".join(parts), met
 
 
