@@ -37,6 +37,8 @@ async def receive_body(receive: Receive, declared: str | None, limit: int) -> by
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
+        if message["type"] != "http.request":  # as Starlette's Request.stream(), skipped
+            continue
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
