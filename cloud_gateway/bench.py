@@ -48,7 +48,7 @@ from cloud_gateway.repository import Backend, EmbeddedBackend, LoadedModel
 from cloud_gateway.server import GatewayThread
 from edge_core.package import ModelPackage
 from edge_core.paths import default_model_dir
-from edge_core.report import machine_info, render_table, write_json
+from edge_core.report import machine_info, publish, render_table
 from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_variant
 
@@ -252,10 +252,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             finally:
                 gateway.stop()
     summarize(report)
-    print(format_report(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
+    publish(format_report(report), report, args.json)
     if args.chart:
         draw_chart(report, args.chart)
         print(f"wrote {args.chart}")

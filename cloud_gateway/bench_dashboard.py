@@ -38,7 +38,7 @@ from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.bench_fleet import MODEL, Pool, enroll, start_replicas
 from cloud_gateway.state import describe, open_state
 from edge_core.processes import stop_process
-from edge_core.report import machine_info, render_table, write_json
+from edge_core.report import machine_info, publish, render_table
 
 __all__ = ["device_documents", "expected_counts", "register", "run_dashboard"]
 
@@ -271,8 +271,5 @@ def run_dashboard(args: argparse.Namespace) -> int:
         root = Path(tmp)
         url = args.dashboard_state or f"sqlite:///{root / 'fleet.sqlite'}"
         _measure(args, root, url, report)
-    print(format_dashboard(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
+    publish(format_dashboard(report), report, args.json)
     return 0

@@ -46,7 +46,7 @@ import numpy as np
 from cloud_gateway.ota.rollouts import RolloutStore, in_slice
 from cloud_gateway.state import StateDatabase, describe, open_state, schema
 from edge_core.processes import free_port, stop_process
-from edge_core.report import machine_info, render_table, write_json
+from edge_core.report import machine_info, publish, render_table
 
 __all__ = ["format_fleet", "register", "run_fleet"]
 
@@ -366,10 +366,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         url = args.fleet_state or f"sqlite:///{root / 'fleet.sqlite'}"
         asyncio.run(_simulate(args, root, url, report))
     summarize_fleet(report)
-    print(format_fleet(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
+    publish(format_fleet(report), report, args.json)
     return 0
 
 

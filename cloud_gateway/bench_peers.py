@@ -52,7 +52,7 @@ from cloud_gateway.peers.envs import wait_ready
 from edge_core.package import ModelPackage
 from edge_core.paths import default_model_dir
 from edge_core.processes import free_port, stop_process
-from edge_core.report import machine_info, render_table, write_json
+from edge_core.report import machine_info, publish, render_table
 from edge_core.repository import ModelRepository
 
 __all__ = ["PEERS", "format_peers", "run_peers", "summarize_peers"]
@@ -276,10 +276,7 @@ def run_peers(args: argparse.Namespace) -> int:
                             cases, data, output.name, math.prod(output.shape[1:]), client_cpus,
                             round_index)  # fmt: skip
     summarize_peers(report)
-    print(format_peers(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
+    publish(format_peers(report), report, args.json)
     return 0
 
 

@@ -47,7 +47,7 @@ from cloud_gateway.config import BackendSettings, BatchingSettings, GatewayConfi
 from cloud_gateway.server import GatewayThread
 from edge_core.paths import default_model_dir
 from edge_core.processes import free_port, stop_process
-from edge_core.report import machine_info, render_table, write_json
+from edge_core.report import machine_info, publish, render_table
 from edge_core.repository import ModelRepository
 
 __all__ = ["format_remote", "register", "run_remote"]
@@ -183,10 +183,7 @@ def run_remote(args: argparse.Namespace) -> int:
             if process is not None:
                 stop_process(process)
     summarize_remote(report)
-    print(format_remote(report))
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
+    publish(format_remote(report), report, args.json)
     return 0
 
 

@@ -91,3 +91,11 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def publish(table: str, report: Any, path: Path | None) -> None:
+    """A benchmark's end: print its table; write its report as JSON to ``path``, if any."""
+    print(table)
+    if path:
+        write_json(path, report)
+        print(f"wrote {path}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from edge_agent.cli.common import CliError, add_model_dir, add_profiles_dir, resolve_profile
 from edge_core.paths import default_model_dir
-from edge_core.report import write_json
+from edge_core.report import publish
 from edge_core.repository import ModelRepository
 from edge_core.runtime import installed_formats
 
@@ -96,10 +96,7 @@ def _requests(args: argparse.Namespace, default: int) -> int:
 
 def _done(args: argparse.Namespace, report: dict[str, Any], table: str) -> int:
     """Print the table; write the report as JSON when asked."""
-    print(table)
-    if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}")
+    publish(table, report, args.json)
     return 0
 
 
