@@ -96,6 +96,7 @@ def _cost(fields: Fields) -> Cost:
     cost = Cost(
         flops=_per_precision(fields.table("flops")),
         elementwise=_per_precision(fields.table("elementwise", {})),
+        depthwise=_per_precision(fields.table("depthwise", {})),
         memory_bytes=fields.integer("memory_bytes", minimum=0),
         nodes=fields.integer("nodes", minimum=0),
         batch=fields.integer("batch", 1, minimum=1),

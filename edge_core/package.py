@@ -76,7 +76,9 @@ class Cost:
     build``): the operations of its multiply-accumulating operators (convolutions,
     matrix products; a multiply-accumulate is two) and those of the others
     (``elementwise``: one per output element), per compute precision (``fp32``,
-    ``fp16``, ``int8``); the bytes its operators read and write; the number of
+    ``fp16``, ``int8``), with the depthwise convolutions' apart (``depthwise``: one
+    input channel a group, which runs far below the other convolutions' rate);
+    the bytes its operators read and write; the number of
     operators. A device profile's roofline turns it into a latency
     (:mod:`edge_agent.profiles.cost`) without opening the model."""
 
@@ -85,11 +87,13 @@ class Cost:
     nodes: int
     batch: int = 1
     elementwise: Mapping[str, int] = field(default_factory=dict)
+    depthwise: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "flops": dict(self.flops),
             "elementwise": dict(self.elementwise),
+            "depthwise": dict(self.depthwise),
             "memory_bytes": self.memory_bytes,
             "nodes": self.nodes,
             "batch": self.batch,

@@ -64,6 +64,12 @@ def test_convolution_macs_and_params_match_the_hand_count(
     assert figures.weight_bytes == 4 * figures.params
     assert figures.shapes == {"x": (2, c_in, 16, 16)}
     assert op.input_bytes == 4 * 2 * c_in * 16 * 16 and op.output_bytes == 4 * 2 * c_out * 256
+    # only one input channel a group is depthwise: its operations have a rate of their own
+    assert op.depthwise == (c_in == group)
+    cost = figures.cost()
+    assert (cost.depthwise, cost.flops) == (
+        ({"fp32": op.flops}, {}) if c_in == group else ({}, {"fp32": op.flops})
+    )
 
 
 def test_gemm_and_matmul_and_the_activation_peak() -> None:
@@ -137,6 +143,13 @@ def test_roofline_prediction() -> None:
     elementwise = Cost(flops={}, elementwise={"int8": 10**9}, memory_bytes=0, nodes=0)
     assert predict_ms(elementwise, slow) == pytest.approx(0.010 + 500.0)
     assert predict_ms(elementwise, figures) == pytest.approx(0.010 + 2.5)  # no rate: compute
+    depthwise = Cost(flops={"int8": 4 * 10**8}, depthwise={"int8": 10**8}, memory_bytes=0, nodes=0)
+    assert predict_ms(depthwise, figures) == pytest.approx(0.010 + 1.0 + 0.25)  # no rate: compute
+    dw = replace(figures, depthwise_gops={"fp32": 20.0, "int8": 10.0})
+    assert predict_ms(depthwise, dw) == pytest.approx(0.010 + 1.0 + 10.0)
+    assert predict_ms(replace(depthwise, depthwise={"fp16": 10**8}), dw) == pytest.approx(
+        0.010 + 1.0 + 5.0  # fp16: the FP32 figure
+    )
 
 
 def test_inspect_command_on_a_file_and_a_tflite_package(fetched: ModelRepository) -> None:
@@ -155,6 +168,8 @@ def test_inspect_command_on_a_file_and_a_tflite_package(fetched: ModelRepository
     assert data["shapes"] == {"x": [1, 3, 96, 128]} and data["opset"] == 12
     assert data["predicted_ms"]["generic-x86_64"] > 0
     assert {"Conv", "ConvTranspose"} <= {e["op_type"] for e in data["by_op_type"]}
+    # PP-OCR's MobileNet blocks: their depthwise convolutions are a group of their own
+    assert any(e["op_type"] == "Conv" and e["depthwise"] for e in data["by_op_type"])
     table = inspect(
         str(fetched.get("face-detection-short-range").root), "--profile", "raspberry-pi-5"
     )
@@ -164,6 +179,18 @@ def test_inspect_command_on_a_file_and_a_tflite_package(fetched: ModelRepository
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert missing.returncode == 1 and "--shape x=" in missing.stderr
+
+
+def test_tflite_depthwise_convolutions_have_their_own_rate(fetched: ModelRepository) -> None:
+    from edge_agent.toolchain.tflite_graph import tflite_figures
+
+    blazeface = fetched.get("face-detection-short-range")
+    figures = tflite_figures(blazeface.read_variant(blazeface.variants[0]))
+    depthwise = [op for op in figures.ops if op.op_type == "DEPTHWISE_CONV_2D"]
+    assert depthwise and all(op.depthwise for op in depthwise)
+    assert not any(op.depthwise for op in figures.ops if op.op_type == "CONV_2D")
+    cost = figures.cost()
+    assert sum(cost.depthwise.values()) == sum(op.flops for op in depthwise)
 
 
 def test_the_agent_does_not_import_the_toolchain(tmp_path: Path) -> None:

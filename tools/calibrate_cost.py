@@ -11,6 +11,8 @@ measures)::
 
 - compute: four 3x3 convolutions, 64 -> 64 channels on 56x56 (0.93 GFLOP), in
   FP32, in FP16 (as ONNX Runtime runs FP16 on this CPU) and in INT8 (QDQ);
+- depthwise rate: eight depthwise 3x3 convolutions, 96 channels on 80x80, in FP32
+  and in INT8 (QDQ);
 - element-wise rate: 20 additions and multiplications by per-channel constants on a
   [1, 32, 64, 64] tensor, in FP32 and in INT8 (QDQ: ONNX Runtime's QLinearAdd/Mul);
 - bandwidth: an ``Add`` of two 1M-element FP32 tensors (4 MB each, the size of
@@ -52,32 +54,56 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
     return bytes(model.SerializeToString())
 
 
-def conv_model() -> tuple[bytes, dict[str, Array], int]:
-    from onnx import TensorProto, helper, numpy_helper
+def _one_tensor(nodes: list[Any], inits: list[Any], shape: list[int]) -> bytes:
+    """A model of ``nodes`` from an FP32 ``x`` to a ``y`` of the same ``shape``."""
+    from onnx import TensorProto, helper
+
+    spec = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in "xy"]
+    return _model(nodes, spec[:1], spec[1:], inits)
+
+
+def conv_chain(
+    length: int, channels: int, side: int, *, group: int = 1, spread: float = 0.05
+) -> tuple[bytes, dict[str, Array], int]:
+    """``length`` 3x3 convolutions of ``channels`` channels on ``side`` x ``side``, then a
+    ``Relu``; ``group``: the channels' groups (``channels``: depthwise)."""
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
-    for i in range(4):
-        w = rng.normal(0, 0.05, (64, 64, 3, 3)).astype(np.float32)
+    for i in range(length):
+        w = rng.normal(0, spread, (channels, channels // group, 3, 3)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(
+            helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], group=group)
+        )
         x = f"c{i}"
     nodes.append(helper.make_node("Relu", [x], ["y"]))
-    data = _model(
-        nodes,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])],
-        inits,
+    shape = [1, channels, side, side]
+    flops = length * 2 * side * side * channels * (channels // group) * 9
+    return (
+        _one_tensor(nodes, inits, shape),
+        {"x": rng.normal(0, 1, shape).astype(np.float32)},
+        flops,
     )
-    flops = 4 * 2 * 56 * 56 * 64 * 64 * 9
-    return data, {"x": rng.normal(0, 1, (1, 64, 56, 56)).astype(np.float32)}, flops
+
+
+def conv_model() -> tuple[bytes, dict[str, Array], int]:
+    """Four dense 3x3 convolutions, 64 channels on 56x56 (0.93 GFLOP)."""
+    return conv_chain(4, 64, 56)
+
+
+def depthwise_model() -> tuple[bytes, dict[str, Array], int]:
+    """Eight depthwise 3x3 convolutions, 96 channels on 80x80 (2.4 MB: the size of a
+    MobileNet block's activations at 640x480)."""
+    return conv_chain(8, 96, 80, group=96, spread=0.3)
 
 
 def elementwise_chain(length: int = 20) -> tuple[bytes, dict[str, Array], int]:
     """Additions and multiplications by a per-channel constant, alternating, on a
     [1, 32, 64, 64] tensor (512 KB: in the caches), as squeeze-excitation scales and
     h-swish's arithmetic are."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
@@ -88,13 +114,8 @@ def elementwise_chain(length: int = 20) -> tuple[bytes, dict[str, Array], int]:
         x = f"t{i}"
     nodes.append(helper.make_node("Identity", [x], ["y"]))
     shape = [1, 32, 64, 64]
-    data = _model(
-        nodes,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-        inits,
-    )
-    return data, {"x": rng.uniform(0, 1, shape).astype(np.float32)}, length * 32 * 64 * 64
+    feeds = {"x": rng.uniform(0, 1, shape).astype(np.float32)}
+    return _one_tensor(nodes, inits, shape), feeds, length * 32 * 64 * 64
 
 
 def add_model(elements: int) -> tuple[bytes, dict[str, Array]]:
@@ -157,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         "fp16": flops / timed(fp16, feeds) / 1e9,
         "int8": flops / timed(int8, feeds) / 1e9,
     }
+    depthwise, dw_feeds, dw_flops = depthwise_model()
+    depthwise8 = convert.int8_static(depthwise, [dw_feeds], method="MinMax", per_channel=True)
+    depthwise_gops = {
+        "fp32": dw_flops / timed(depthwise, dw_feeds) / 1e9,
+        "int8": dw_flops / timed(depthwise8, dw_feeds) / 1e9,
+    }
     chain, chain_feeds, elements = elementwise_chain()
     chain8 = convert.int8_static(chain, [chain_feeds], method="MinMax", per_channel=True)
     elementwise = {
@@ -175,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compute_gops = {{ {figures} }}")
     rates = ", ".join(f"{p} = {v:.1f}" for p, v in elementwise.items())
     print(f"elementwise_gops = {{ {rates} }}")
+    rates = ", ".join(f"{p} = {v:.1f}" for p, v in depthwise_gops.items())
+    print(f"depthwise_gops = {{ {rates} }}")
     print(f"bandwidth_gbs = {bandwidth:.1f}")
     print("efficiency = 1.0")
     print(f"call_overhead_us = {call_us:.1f}")

@@ -6,6 +6,7 @@ variant it has not timed yet (no ``onnx``, no model opened)::
 
     time = call overhead + nodes x node overhead
          + max(sum over precisions of (multiply-accumulate operations / compute
+                                       + depthwise convolutions' / depthwise rate
                                        + other operations / element-wise rate)
                  / efficiency,
                bytes moved / (bandwidth x efficiency))
@@ -13,7 +14,12 @@ variant it has not timed yet (no ``onnx``, no model opened)::
 Element-wise operators (activations, additions, scalings) run far below a
 CPU's multiply-accumulate peak, and their 8-bit versions no faster than the
 float ones (each element is requantized): they have a rate of their own
-(``elementwise_gops``; the compute figure where a profile gives none).
+(``elementwise_gops``; the compute figure where a profile gives none). So do
+depthwise convolutions (one input channel a group, as in MobileNet's blocks):
+a few multiply-accumulates per value read, which vector units cannot fill, and
+no faster in 8 bits (``depthwise_gops``; measured here at a fifth of the dense
+convolutions' rate in FP32 and a tenth in INT8; the compute figure where a
+profile gives none).
 
 A profile's figures are the vendor's peak figures with the share of them the
 runtime reaches (``efficiency``), or, for a profile calibrated by measurement
@@ -44,6 +50,8 @@ class CostFigures:
         elementwise_gops: billions of operations a second per precision of the
             other operators (one an element); a precision without one takes the
             ``fp32`` figure, a profile without any its ``compute_gops``.
+        depthwise_gops: the same for depthwise convolutions (a multiply-accumulate
+            is two), with the same fallbacks.
         bandwidth_gbs: memory bandwidth, GB/s.
         efficiency: the share of those figures the runtime's kernels reach
             (1.0 for measured figures).
@@ -55,6 +63,7 @@ class CostFigures:
     compute_gops: Mapping[str, float]
     bandwidth_gbs: float
     elementwise_gops: Mapping[str, float] = field(default_factory=dict)
+    depthwise_gops: Mapping[str, float] = field(default_factory=dict)
     efficiency: float = 1.0
     call_overhead_us: float = 0.0
     node_overhead_us: float = 0.0
@@ -65,14 +74,23 @@ class CostFigures:
         return self.compute_gops.get(precision, self.compute_gops["fp32"])
 
     def elementwise_rate(self, precision: str) -> float:
-        if not self.elementwise_gops:
+        return self._rate(self.elementwise_gops, precision)
+
+    def depthwise_rate(self, precision: str) -> float:
+        return self._rate(self.depthwise_gops, precision)
+
+    def _rate(self, rates: Mapping[str, float], precision: str) -> float:
+        """``rates``' figure for ``precision``: its FP32 one when it has none, the
+        compute figure when ``rates`` is empty."""
+        if not rates:
             return self.gops(precision)
-        return self.elementwise_gops.get(precision, self.elementwise_gops["fp32"])
+        return rates.get(precision, rates["fp32"])
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "compute_gops": dict(self.compute_gops),
             "elementwise_gops": dict(self.elementwise_gops),
+            "depthwise_gops": dict(self.depthwise_gops),
             "bandwidth_gbs": self.bandwidth_gbs,
             "efficiency": self.efficiency,
             "call_overhead_us": self.call_overhead_us,
@@ -87,10 +105,13 @@ def predict_ms(cost: Cost, figures: CostFigures, batch: int | None = None) -> fl
     scale = (batch / cost.batch) if batch else 1.0
     rate = 1e9 * figures.efficiency
     compute_s = sum(
-        scale * ops / (figures.gops(precision) * rate) for precision, ops in cost.flops.items()
-    ) + sum(
-        scale * ops / (figures.elementwise_rate(precision) * rate)
-        for precision, ops in cost.elementwise.items()
+        scale * ops / (rate_of(precision) * rate)
+        for operations, rate_of in (
+            (cost.flops, figures.gops),
+            (cost.elementwise, figures.elementwise_rate),
+            (cost.depthwise, figures.depthwise_rate),
+        )
+        for precision, ops in operations.items()
     )
     memory_s = scale * cost.memory_bytes / (figures.bandwidth_gbs * 1e9 * figures.efficiency)
     overhead_s = (figures.call_overhead_us + cost.nodes * figures.node_overhead_us) / 1e6

@@ -306,6 +306,7 @@ def _cost(fields: Fields) -> CostFigures:
     figures = CostFigures(
         compute_gops=gops,
         elementwise_gops=_rates(fields.table("elementwise_gops", {}), required=False),
+        depthwise_gops=_rates(fields.table("depthwise_gops", {}), required=False),
         bandwidth_gbs=fields.number("bandwidth_gbs", minimum=1e-6),
         efficiency=fields.number("efficiency", 1.0, minimum=1e-3, maximum=1.0),
         call_overhead_us=fields.number("call_overhead_us", 0.0, minimum=0.0),

@@ -41,6 +41,8 @@ class OpFigures:
     weight_bytes: int = 0
     input_bytes: int = 0  # activations read
     output_bytes: int = 0  # activations written
+    # a convolution of one input channel a group: its own, far lower, rate
+    depthwise: bool = False
     # folded into its neighbours by the runtime (QuantizeLinear/DequantizeLinear
     # around an integer kernel): no time of its own
     fused: bool = False
@@ -83,27 +85,30 @@ class ModelFigures:
         """The totals a roofline needs, per compute precision (fused operators left out)."""
         flops: dict[str, int] = {}
         elementwise: dict[str, int] = {}
+        depthwise: dict[str, int] = {}
         for op in self.ops:
             if not op.fused and op.flops:
-                into = flops if op.macs else elementwise
+                into = depthwise if op.depthwise else flops if op.macs else elementwise
                 into[op.precision] = into.get(op.precision, 0) + op.flops
         return Cost(
             flops=dict(sorted(flops.items())),
             elementwise=dict(sorted(elementwise.items())),
+            depthwise=dict(sorted(depthwise.items())),
             memory_bytes=self.memory_bytes,
             nodes=sum(1 for op in self.ops if not op.fused),
             batch=self.batch,
         )
 
     def by_op_type(self) -> list[dict[str, Any]]:
-        """Totals per operator type, the costliest first."""
-        groups: dict[tuple[str, str], dict[str, Any]] = {}
+        """Totals per operator type (depthwise convolutions apart), the costliest first."""
+        groups: dict[tuple[str, str, bool], dict[str, Any]] = {}
         for op in self.ops:
-            key = (op.op_type, op.precision)
+            key = (op.op_type, op.precision, op.depthwise)
             entry = groups.setdefault(
                 key,
-                {"op_type": op.op_type, "precision": op.precision, "count": 0, "macs": 0,
-                 "flops": 0, "params": 0, "weight_bytes": 0, "memory_bytes": 0},
+                {"op_type": op.op_type, "precision": op.precision, "depthwise": op.depthwise,
+                 "count": 0, "macs": 0, "flops": 0, "params": 0, "weight_bytes": 0,
+                 "memory_bytes": 0},
             )  # fmt: skip
             entry["count"] += 1
             entry["macs"] += op.macs
@@ -168,7 +173,7 @@ def format_figures(figures: ModelFigures, predictions: Iterable[tuple[str, str]]
     for note in figures.notes:
         lines.append(f"note    {note}")
     rows = [
-        [e["op_type"], e["precision"], e["count"], _si(e["macs"]), _si(e["flops"]),
+        [_op_label(e), e["precision"], e["count"], _si(e["macs"]), _si(e["flops"]),
          _si(e["params"]), _bytes(e["memory_bytes"])]
         for e in figures.by_op_type()
     ]  # fmt: skip
@@ -177,3 +182,9 @@ def format_figures(figures: ModelFigures, predictions: Iterable[tuple[str, str]]
     for line in predictions:
         lines.append(" ".join(line))
     return "\n".join(lines)
+
+
+def _op_label(entry: dict[str, Any]) -> str:
+    """An operator type as the table shows it: ONNX's depthwise ``Conv`` said so."""
+    depthwise = entry["depthwise"] and "DEPTHWISE" not in entry["op_type"]
+    return f"{entry['op_type']} (depthwise)" if depthwise else str(entry["op_type"])

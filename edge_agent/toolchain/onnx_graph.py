@@ -214,6 +214,14 @@ def _macs(node: Any, shape: Any) -> int:
     return 0
 
 
+def _depthwise(node: Any, shape: Any) -> bool:
+    """Whether ``node`` is a depthwise convolution: one input channel a group."""
+    if node.op_type not in ("Conv", "ConvInteger", "QLinearConv"):
+        return False
+    weight = shape(node.input[3] if node.op_type == "QLinearConv" else node.input[1])
+    return bool(weight) and len(weight) > 1 and weight[1] == 1 and _attribute(node, "group", 1) > 1
+
+
 def _flops(node: Any, macs: int, shape: Any) -> int:
     op = node.op_type
     out = _size(shape(node.output[0]))
@@ -309,6 +317,7 @@ def onnx_figures(
                 precision=precision,
                 macs=macs,
                 flops=0 if free else _flops(node, macs, shape),
+                depthwise=not free and _depthwise(node, shape),
                 params=0 if free else params,
                 weight_bytes=0 if free else weight_bytes,
                 input_bytes=0 if free else input_bytes,

@@ -118,6 +118,7 @@ def tflite_figures(data: bytes, *, batch: int = 1) -> ModelFigures:
                 precision=precision,
                 macs=macs,
                 flops=0 if free else flops,
+                depthwise=not free and name == "DEPTHWISE_CONV_2D",
                 params=0 if free else sum(_size(shape(i)) for i in weights),
                 weight_bytes=0 if free else sum(nbytes(i) for i in weights),
                 input_bytes=0 if free else sum(nbytes(i) for i in activations),
