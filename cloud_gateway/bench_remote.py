@@ -7,7 +7,11 @@ the same request (one digits row):
 1. straight to the engine, over gRPC and over HTTP, at each client count;
 2. through a gateway whose ``[[backends]]`` entry forwards the model to that
    engine (gRPC to gRPC, HTTP to HTTP): the device's token, the checks against
-   the model's metadata, rate limits and metrics on the way, no batching.
+   the model's metadata, rate limits and metrics on the way, no batching;
+3. over gRPC, also through a bare relay (:mod:`cloud_gateway.bench_relay`: the
+   same ``grpc.aio`` server and client, forwarding bytes and nothing else) on the
+   gateway's cores: what a gRPC hop in Python adds by itself, so that each round
+   shows what the gateway's own work adds beyond it.
 
 The engine is, by default, a second ``cloud-gateway serve`` started here (the
 model embedded, its dynamic batching on); ``--engine-grpc`` and
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -221,10 +226,15 @@ def _cases(
     )
     token = DeviceRegistry.add_to(config.state_url, "bench", "bench")
     gateway = GatewayThread(config)
+    relay = relay_url = None
+    if protocol == "grpc":
+        relay, relay_url = _relay(rest, state)
     try:
         front_url = gateway.grpc_url if protocol == "grpc" else gateway.http_url
         for count in clients:
-            paths = (("direct", rest, direct_token), ("gateway", front_url, token))
+            paths = [("direct", rest, direct_token), ("gateway", front_url, token)]
+            if relay_url is not None:
+                paths.insert(1, ("relay", relay_url, direct_token))
             for round_index in range(report["rounds"]):
                 for path, target, key in paths:
                     print(f"{protocol} {path} clients={count} round {round_index + 1} ...",
@@ -240,6 +250,29 @@ def _cases(
                     )  # fmt: skip
     finally:
         gateway.stop()
+        if relay is not None:
+            stop_process(relay)
+
+
+def _relay(engine: str, state: Path, timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+    """A bare gRPC relay in front of ``engine`` (HOST:PORT), on this process's cores."""
+    address = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cloud_gateway.bench_relay", "--listen", address, "--to", engine],
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "relay.log", "wb"),  # noqa: SIM115 - the child holds it
+    )
+    host, _, port = address.rpartition(":")
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return process, address
+        except OSError:
+            if process.poll() is not None or time.monotonic() > end:
+                stop_process(process)
+                raise RuntimeError(f"the relay did not start: see {state / 'relay.log'}") from None
+            time.sleep(0.1)
 
 
 def summarize_remote(report: dict[str, Any]) -> None:
@@ -264,6 +297,8 @@ def summarize_remote(report: dict[str, Any]) -> None:
             gateway_one[r]["p50_ms"] - direct_one[r]["p50_ms"]
             for r in sorted(direct_one.keys() & gateway_one.keys())
         )
+        relay_one = runs("relay", one)
+        relay_rounds = sorted(direct_one.keys() & relay_one.keys())
         # (an engine that answered nothing straight: every request through it lost)
         loss = 1 - through / straight if straight else 1.0
         summary[protocol] = {
@@ -277,6 +312,13 @@ def summarize_remote(report: dict[str, Any]) -> None:
             "errors": sum(c["errors"] for c in cases),
             "meets_target": loss <= TARGET_LOSS and added <= TARGET_P50_ADDED_MS,
         }
+        if relay_rounds:  # what a bare relay adds, and the gateway beyond it
+            summary[protocol]["relay_p50_added_ms"] = round(
+                statistics.median(
+                    relay_one[r]["p50_ms"] - direct_one[r]["p50_ms"] for r in relay_rounds
+                ),
+                3,
+            )
     report["summary"] = summary
 
 
@@ -307,4 +349,10 @@ def format_remote(report: dict[str, Any]) -> str:
             f"({'meets' if s['meets_target'] else 'misses'} "
             "the target: <= 15% lost, <= 1 ms added)"
         )
+        if "relay_p50_added_ms" in s:
+            lines.append(
+                f"{protocol}: a bare relay (bytes forwarded, nothing checked) adds "
+                f"+{s['relay_p50_added_ms']:.2f} ms at p50 by itself; the gateway's own work "
+                f"{s['p50_added_ms'] - s['relay_p50_added_ms']:+.2f} ms beyond it"
+            )
     return "\n".join(lines)

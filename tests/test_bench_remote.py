@@ -1,18 +1,22 @@
-"""``cloud-gateway bench remote``'s summary: medians over rounds, and judged honestly."""
+"""``cloud-gateway bench remote``'s summary (medians over rounds, judged honestly) and
+its bare gRPC relay (the floor of a gRPC hop)."""
 
 from __future__ import annotations
 
+from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cloud_gateway.bench_remote import _rounds, summarize_remote
+from cloud_gateway.bench_remote import _relay, _rounds, format_remote, summarize_remote
+from edge_core.processes import stop_process
 from tools.bench_targets import _p10
 
 
 def case(path: str, clients: int, rounds: int, per_s: float, p50: float) -> dict[str, Any]:
     return {"protocol": "http", "path": path, "clients": clients, "round": rounds,
-            "throughput_per_s": per_s, "p50_ms": p50, "errors": 0}  # fmt: skip
+            "throughput_per_s": per_s, "p50_ms": p50, "p99_ms": 2 * p50, "errors": 0}  # fmt: skip
 
 
 def test_the_p50_added_is_the_median_of_each_rounds_difference() -> None:
@@ -40,3 +44,58 @@ def test_no_rounds_is_refused_and_an_empty_summary_is_not_met() -> None:
     with pytest.raises(Exception, match="at least 1"):
         _rounds("0")
     assert _p10({"engine": "e", "summary": {}})[1] is False
+
+
+def test_the_relay_floor_is_the_median_of_each_rounds_difference() -> None:
+    report: dict[str, Any] = {"cases": [], "engine": "e", "model": "m"}
+    for r, (direct, relay, through) in enumerate(
+        [(3.0, 3.9, 4.2), (5.0, 6.5, 6.9), (3.1, 4.0, 4.6)]
+    ):
+        report["cases"] += [case("direct", 1, r, 300, direct), case("relay", 1, r, 280, relay)]
+        report["cases"] += [case("gateway", 1, r, 250, through)]
+        report["cases"] += [case("direct", 16, r, 400, 50), case("gateway", 16, r, 380, 52)]
+    summarize_remote(report)
+    summary = report["summary"]["http"]
+    assert summary["relay_p50_added_ms"] == pytest.approx(0.9)  # of 0.9, 1.5, 0.9
+    assert summary["p50_added_ms"] == pytest.approx(1.5)  # of 1.2, 1.9, 1.5
+    report["machine"] = {"cpus": 2}
+    assert "the gateway's own work +0.60 ms beyond it" in format_remote(report)
+
+
+def test_the_bare_relay_forwards_bytes_metadata_deadline_and_status(tmp_path: Path) -> None:
+    """What the relay adds is a gRPC hop and nothing else: what the engine got and said
+    arrives unchanged, its errors too."""
+    import grpc
+
+    seen: list[tuple[bytes, str, float | None]] = []
+
+    def infer(request: bytes, context: Any) -> bytes:
+        token = dict(context.invocation_metadata()).get("authorization", "")
+        seen.append((request, token, context.time_remaining()))
+        if request == b"missing":
+            context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+        return request[::-1]
+
+    engine = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    )
+    engine.add_generic_rpc_handlers((handler,))
+    port = engine.add_insecure_port("127.0.0.1:0")
+    engine.start()
+    relay, address = _relay(f"127.0.0.1:{port}", tmp_path)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            answer = call(b"\x01\x02\x03", timeout=5, metadata=(("authorization", "Bearer t"),))
+            assert answer == b"\x03\x02\x01"
+            ((request, token, remaining),) = seen
+            assert request == b"\x01\x02\x03" and token == "Bearer t"
+            assert remaining is not None and 3 < remaining <= 5  # the deadline travelled
+            with pytest.raises(grpc.RpcError) as error:
+                call(b"missing", timeout=5)
+            assert error.value.code() == grpc.StatusCode.NOT_FOUND
+            assert error.value.details() == "no such model"
+    finally:
+        stop_process(relay)
+        engine.stop(0)
