@@ -60,6 +60,7 @@ def test_the_relay_floor_is_the_median_of_each_rounds_difference() -> None:
     assert summary["p50_added_ms"] == pytest.approx(1.5)  # of 1.2, 1.9, 1.5
     report["machine"] = {"cpus": 2}
     assert "the gateway's own work +0.60 ms beyond it" in format_remote(report)
+    assert "(a bare relay alone +0.90 ms)" in _p10(report)[0]
 
 
 def test_the_bare_relay_forwards_bytes_metadata_deadline_and_status(tmp_path: Path) -> None:

@@ -156,6 +156,11 @@ def _p10(report: Report) -> Verdict:
     parts = [
         f"{protocol}: {100 * s['throughput_loss']:.1f}% lost at {s['clients']} clients, "
         f"p50 +{s['p50_added_ms']:.2f} ms"
+        + (
+            f" (a bare relay alone +{s['relay_p50_added_ms']:.2f} ms)"
+            if "relay_p50_added_ms" in s
+            else ""
+        )
         for protocol, s in report["summary"].items()
     ]
     summary = report["summary"].values()
