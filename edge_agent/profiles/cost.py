@@ -17,9 +17,9 @@ float ones (each element is requantized): they have a rate of their own
 (``elementwise_gops``; the compute figure where a profile gives none). So do
 depthwise convolutions (one input channel a group, as in MobileNet's blocks):
 a few multiply-accumulates per value read, which vector units cannot fill, and
-no faster in 8 bits (``depthwise_gops``; measured here at a fifth of the dense
-convolutions' rate in FP32 and a tenth in INT8; the compute figure where a
-profile gives none).
+slower in 8 bits (``depthwise_gops``; measured here at about 0.3 of the dense
+convolutions' rate in FP32 and 0.05 in INT8; the compute figure where a profile
+gives none).
 
 A profile's figures are the vendor's peak figures with the share of them the
 runtime reaches (``efficiency``), or, for a profile calibrated by measurement
