@@ -4,7 +4,8 @@ clients straight to that engine (P10).
 In one run, with the same closed-loop clients (:mod:`cloud_gateway.loadgen`) and
 the same request (one digits row):
 
-1. straight to the engine, over gRPC and over HTTP, at each client count;
+1. straight to the engine, over gRPC and over HTTP, at each client count (with one
+   client, in turn with each of the paths below);
 2. through a gateway whose ``[[backends]]`` entry forwards the model to that
    engine (gRPC to gRPC, HTTP to HTTP): the device's token, the checks against
    the model's metadata, rate limits and metrics on the way, no batching;
@@ -24,9 +25,11 @@ client.
 
 The machine is shared and its speed drifts from one case to the next by more than
 the millisecond judged (the engine's own p50 moved from 2.9 to 4.4 ms between runs),
-so each client count is measured in ``--rounds`` rounds, straight then through the
-gateway, and judged on the median of the rounds: of the p50 added within each round,
-and of each path's throughput.
+so each client count is measured in ``--rounds`` rounds and judged on the median of
+the rounds. With one client (the p50 judged) the paths run in turn, not one after
+the other: the client alternates between straight and through the gateway (or the
+relay) request by request (``loadgen --pair-url``), and a round's p50 added is the
+median of the differences within its pairs, which a drift shifts for both alike.
 """
 
 from __future__ import annotations
@@ -231,27 +234,41 @@ def _cases(
         relay, relay_url = _relay(rest, state)
     try:
         front_url = gateway.grpc_url if protocol == "grpc" else gateway.http_url
+        extra = ("--json-tensors",) if report["json_tensors"] else ()
+        seconds = report["seconds_per_case"]
         for count in clients:
             paths = [("direct", rest, direct_token), ("gateway", front_url, token)]
             if relay_url is not None:
                 paths.insert(1, ("relay", relay_url, direct_token))
             for round_index in range(report["rounds"]):
+                at = {"protocol": protocol, "clients": count, "round": round_index}
+                if count == 1:  # the p50 judged: each path in turn with the direct one
+                    for path, target, key in paths[1:]:
+                        print(f"{protocol} direct and {path} in turn, round {round_index + 1} ...",
+                              flush=True)  # fmt: skip
+                        result = load(
+                            protocol, rest, model, direct_token, data, 1, seconds,
+                            extra=(*extra, "--pair-url", target, "--pair-token", key),
+                        )  # fmt: skip
+                        report["cases"].extend(_paired_cases(at, path, result))
+                    continue
                 for path, target, key in paths:
                     print(f"{protocol} {path} clients={count} round {round_index + 1} ...",
                           flush=True)  # fmt: skip
-                    extra = ("--json-tensors",) if report["json_tensors"] else ()
-                    result = load(
-                        protocol, target, model, key, data, count, report["seconds_per_case"],
-                        extra=extra,
-                    )  # fmt: skip
-                    report["cases"].append(
-                        {"protocol": protocol, "path": path, "clients": count,
-                         "round": round_index, **result}
-                    )  # fmt: skip
+                    result = load(protocol, target, model, key, data, count, seconds, extra=extra)
+                    report["cases"].append({**at, "path": path, **result})
     finally:
         gateway.stop()
         if relay is not None:
             stop_process(relay)
+
+
+def _paired_cases(at: dict[str, Any], path: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """A paired run's two cases: the direct one (``pair``: the path it was paired
+    with) and the path's, with the median difference within the pairs."""
+    direct = {k: v for k, v in result.items() if k not in ("pair", "added_p50_ms")}
+    through = {**result["pair"], "errors": result["errors"], "added_p50_ms": result["added_p50_ms"]}
+    return [{**at, "path": "direct", "pair": path, **direct}, {**at, "path": path, **through}]
 
 
 def _relay(engine: str, state: Path, timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -285,20 +302,31 @@ def summarize_remote(report: dict[str, Any]) -> None:
             continue
         top, one = max(c["clients"] for c in cases), min(c["clients"] for c in cases)
 
-        def runs(path: str, count: int, cases: list[dict[str, Any]] = cases) -> dict[int, Any]:
+        def runs(
+            path: str, count: int, pair: str | None = None, cases: list[dict[str, Any]] = cases
+        ) -> dict[int, Any]:
             return {
-                c.get("round", 0): c for c in cases if (c["path"], c["clients"]) == (path, count)
+                c.get("round", 0): c
+                for c in cases
+                if (c["path"], c["clients"]) == (path, count) and c.get("pair") in (None, pair)
             }
+
+        def added_in(path: str, one: int = one) -> list[float]:
+            """Per round: the median difference within the pairs of a paired run, else
+            the difference of the two runs' p50."""
+            direct, through = runs("direct", one, path), runs(path, one)
+            return [
+                through[r]["added_p50_ms"]
+                if "added_p50_ms" in through[r]
+                else through[r]["p50_ms"] - direct[r]["p50_ms"]
+                for r in sorted(direct.keys() & through.keys())
+            ]
 
         straight = statistics.median(c["throughput_per_s"] for c in runs("direct", top).values())
         through = statistics.median(c["throughput_per_s"] for c in runs("gateway", top).values())
-        direct_one, gateway_one = runs("direct", one), runs("gateway", one)
-        added = statistics.median(
-            gateway_one[r]["p50_ms"] - direct_one[r]["p50_ms"]
-            for r in sorted(direct_one.keys() & gateway_one.keys())
-        )
-        relay_one = runs("relay", one)
-        relay_rounds = sorted(direct_one.keys() & relay_one.keys())
+        direct_one = runs("direct", one, "gateway")
+        added = statistics.median(added_in("gateway"))
+        relay_added = added_in("relay")
         # (an engine that answered nothing straight: every request through it lost)
         loss = 1 - through / straight if straight else 1.0
         summary[protocol] = {
@@ -312,20 +340,29 @@ def summarize_remote(report: dict[str, Any]) -> None:
             "errors": sum(c["errors"] for c in cases),
             "meets_target": loss <= TARGET_LOSS and added <= TARGET_P50_ADDED_MS,
         }
-        if relay_rounds:  # what a bare relay adds, and the gateway beyond it
-            summary[protocol]["relay_p50_added_ms"] = round(
-                statistics.median(
-                    relay_one[r]["p50_ms"] - direct_one[r]["p50_ms"] for r in relay_rounds
-                ),
-                3,
-            )
+        if relay_added:  # what a bare relay adds, and the gateway beyond it
+            summary[protocol]["relay_p50_added_ms"] = round(statistics.median(relay_added), 3)
     report["summary"] = summary
+
+
+COLUMNS = [
+    "protocol",
+    "path",
+    "clients",
+    "round",
+    "req/s",
+    "p50 ms",
+    "p99 ms",
+    "added ms",
+    "errors",
+]
 
 
 def format_remote(report: dict[str, Any]) -> str:
     rows = [
-        [c["protocol"], c["path"], c["clients"], c.get("round", 0) + 1, c["throughput_per_s"],
-         c["p50_ms"], c["p99_ms"], c["errors"]]
+        [c["protocol"], f"direct (in turn with {c['pair']})" if c.get("pair") else c["path"],
+         c["clients"], c.get("round", 0) + 1, c["throughput_per_s"], c["p50_ms"], c["p99_ms"],
+         c.get("added_p50_ms", ""), c["errors"]]
         for c in report["cases"]
     ]  # fmt: skip
     placement = (
@@ -336,9 +373,7 @@ def format_remote(report: dict[str, Any]) -> str:
     lines = [
         f"remote backend: {report['model']} on {report['engine']} "
         f"({report['machine']['cpus']} CPUs, {placement})",
-        render_table(
-            ["protocol", "path", "clients", "round", "req/s", "p50 ms", "p99 ms", "errors"], rows
-        ),
+        render_table(COLUMNS, rows),
     ]
     for protocol, s in report["summary"].items():
         lines.append(

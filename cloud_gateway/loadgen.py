@@ -17,6 +17,11 @@ Two kinds of client:
   decode every request in Python and so cost about as much CPU as the server;
   what ``cloud-gateway bench --peers`` uses, since every peer must take them.
 
+``--pair-url URL`` measures what one server adds to another: one client sends to
+``--url`` and to ``URL`` in turn, request by request, in alternating order, and
+reports both and the median of the differences within the pairs (a drift of the
+machine's speed slows both requests of a pair alike).
+
 Each client holds its own connection, as each device of a fleet does: HTTP
 keep-alive, or a gRPC channel with its own subchannel pool (gRPC otherwise puts
 every channel to the same address with the same settings on one shared TCP
@@ -200,6 +205,73 @@ async def _worker(
     return True
 
 
+async def _paired(
+    first: Send, second: Send, stop: float, errors: list[str]
+) -> tuple[list[float], list[float]]:
+    """One client sending to two servers in turn until ``stop``: each pair of requests
+    a few milliseconds apart, in alternating order, so that a machine whose speed
+    drifts slows both alike. The latencies of the pairs whose requests both succeeded."""
+    times: tuple[list[float], list[float]] = ([], [])
+    flip = False
+    while time.perf_counter() < stop:
+        order = ((1, second), (0, first)) if flip else ((0, first), (1, second))
+        flip = not flip
+        taken = [0.0, 0.0]
+        try:
+            for index, send in order:
+                started = time.perf_counter()
+                await send()
+                taken[index] = time.perf_counter() - started
+        except Exception as exc:  # counted and reported; the pair is dropped
+            errors.append(str(exc)[:200])
+            if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
+                break
+            continue
+        times[0].append(taken[0])
+        times[1].append(taken[1])
+    return times
+
+
+def _figures(latencies: list[float], elapsed: float) -> dict[str, Any]:
+    values = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
+    return {
+        "requests": len(latencies),
+        "seconds": round(elapsed, 3),
+        "throughput_per_s": round(len(latencies) / elapsed, 1) if elapsed else 0.0,
+        "p50_ms": round(float(np.percentile(values, 50)), 3),
+        "p90_ms": round(float(np.percentile(values, 90)), 3),
+        "p99_ms": round(float(np.percentile(values, 99)), 3),
+        "max_ms": round(float(values.max()), 3),
+        "mean_ms": round(float(values.mean()), 3),
+    }
+
+
+async def _run_paired(args: argparse.Namespace) -> dict[str, Any]:
+    """``--pair-url``: one client, the two servers in turn (see :func:`_paired`); the
+    first server's figures, the second's under ``pair``, and the median of the
+    differences within each pair (second minus first) as ``added_p50_ms``."""
+    x = np.load(args.data).astype(np.float32)[:1]
+    other = argparse.Namespace(**{**vars(args), "url": args.pair_url, "token": args.pair_token})
+    clients = [await _connect(args, x), await _connect(other, x)]
+    errors: list[str] = []
+    try:
+        await _paired(clients[0][0], clients[1][0], time.perf_counter() + args.warmup, [])
+        gc.freeze()
+        started = time.perf_counter()
+        first, second = await _paired(clients[0][0], clients[1][0], started + args.seconds, errors)
+    finally:
+        for _, close in clients:
+            closing = close()
+            if asyncio.iscoroutine(closing):
+                await closing
+    # each path's figures as if it had the client to itself: its own time only
+    report = {"errors": len(errors), "first_errors": errors[:3], **_figures(first, sum(first))}
+    differences = np.subtract(second, first) * 1000 if first else np.zeros(1)
+    report["pair"] = _figures(second, sum(second))
+    report["added_p50_ms"] = round(float(np.median(differences)), 3)
+    return report
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     x = np.load(args.data).astype(np.float32)[:1]
     clients = [await _connect(args, x) for _ in range(args.concurrency)]
@@ -219,19 +291,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             closing = close()
             if asyncio.iscoroutine(closing):
                 await closing
-    values = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
-    return {
-        "requests": len(latencies),
-        "errors": len(errors),
-        "first_errors": errors[:3],
-        "seconds": round(elapsed, 3),
-        "throughput_per_s": round(len(latencies) / elapsed, 1),
-        "p50_ms": round(float(np.percentile(values, 50)), 3),
-        "p90_ms": round(float(np.percentile(values, 90)), 3),
-        "p99_ms": round(float(np.percentile(values, 99)), 3),
-        "max_ms": round(float(values.max()), 3),
-        "mean_ms": round(float(values.mean()), 3),
-    }
+    return {"errors": len(errors), "first_errors": errors[:3], **_figures(latencies, elapsed)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,10 +314,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="HTTP: tensors as JSON, not binary (both clients, both directions)",
     )
+    parser.add_argument(
+        "--pair-url",
+        help="one client, this server and --url in turn: the p50 one adds to the other",
+    )
+    parser.add_argument("--pair-token", help="the token for --pair-url (default: --token)")
     args = parser.parse_args(argv)
+    if args.pair_url and args.concurrency != 1:
+        parser.error("--pair-url measures one client: --concurrency 1")
+    args.pair_token = args.pair_token or args.token
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-    json.dump(asyncio.run(_run(args)), sys.stdout)
+    json.dump(asyncio.run((_run_paired if args.pair_url else _run)(args)), sys.stdout)
     return 0
 
 

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from cloud_gateway.bench_remote import _relay, _rounds, format_remote, summarize_remote
+from cloud_gateway.bench_remote import (
+    _paired_cases,
+    _relay,
+    _rounds,
+    format_remote,
+    summarize_remote,
+)
 from edge_core.processes import stop_process
 from tools.bench_targets import _p10
 
@@ -61,6 +67,30 @@ def test_the_relay_floor_is_the_median_of_each_rounds_difference() -> None:
     report["machine"] = {"cpus": 2}
     assert "the gateway's own work +0.60 ms beyond it" in format_remote(report)
     assert "(a bare relay alone +0.90 ms)" in _p10(report)[0]
+
+
+def test_paired_runs_judge_the_difference_within_their_pairs() -> None:
+    """With one client the direct path and each other path run in turn: the p50 added
+    is the median over rounds of each run's median difference within its pairs, not
+    the difference of the two p50s."""
+    report: dict[str, Any] = {"cases": [], "engine": "e", "model": "m"}
+    for r, (relay, through) in enumerate([(0.5, 0.9), (0.7, 1.4), (0.6, 0.8)]):
+        at = {"protocol": "http", "clients": 1, "round": r}
+        for path, added in (("relay", relay), ("gateway", through)):
+            result = {"errors": 0, "throughput_per_s": 250, "p50_ms": 3.0, "p99_ms": 6.0,
+                      "pair": {"throughput_per_s": 200, "p50_ms": 9.0, "p99_ms": 12.0},
+                      "added_p50_ms": added}  # fmt: skip
+            report["cases"] += _paired_cases(at, path, result)
+        report["cases"] += [case("direct", 16, r, 400, 50), case("gateway", 16, r, 380, 52)]
+    summarize_remote(report)
+    summary = report["summary"]["http"]
+    assert summary["p50_added_ms"] == pytest.approx(0.9)  # of 0.9, 1.4, 0.8; not 9 - 3
+    assert summary["relay_p50_added_ms"] == pytest.approx(0.6)
+    assert summary["rounds"] == 3 and summary["meets_target"]
+    paired = [c for c in report["cases"] if c.get("pair")]
+    assert {c["pair"] for c in paired} == {"relay", "gateway"} and len(paired) == 6
+    report["machine"] = {"cpus": 2}
+    assert "direct (in turn with gateway)" in format_remote(report)
 
 
 def test_the_bare_relay_forwards_bytes_metadata_deadline_and_status(tmp_path: Path) -> None:

@@ -59,3 +59,60 @@ def test_each_grpc_client_has_its_own_connection(
     assert result["errors"] == 0 and result["requests"] > 0
     # gRPC would otherwise put the four channels on one shared connection
     assert max(seen) == 4
+
+
+def test_a_paired_run_alternates_and_takes_the_difference_within_each_pair(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One client, two servers in turn: the machine slows down halfway (every request
+    twice as long), and the difference within each pair still says what the second
+    server adds, where separate runs would mix it with the drift."""
+    import asyncio
+
+    from cloud_gateway import loadgen
+
+    now = [0.0]
+    monkeypatch.setattr(loadgen.time, "perf_counter", lambda: now[0])
+    order: list[str] = []
+
+    def server(name: str, ms: float) -> loadgen.Send:
+        async def send() -> None:
+            order.append(name)
+            now[0] += ms / 1000 * (2 if now[0] > 0.5 else 1)
+
+        return send
+
+    first, second = asyncio.run(loadgen._paired(server("a", 3.0), server("b", 4.0), 1.0, []))
+    assert order[:4] == ["a", "b", "b", "a"]  # the order alternates: no side always first
+    assert len(first) == len(second) > 100
+    added = np.median(np.subtract(second, first)) * 1000
+    assert added == pytest.approx(1.0)  # most pairs ran before the slow-down
+    differences = np.round(np.subtract(second, first) * 1000, 6)
+    assert np.sum((differences != 1.0) & (differences != 2.0)) <= 1  # a pair across the change
+
+
+def test_a_paired_run_against_a_gateway_reports_both_paths(
+    gateway: GatewayHandle, tmp_path: Path
+) -> None:
+    data = tmp_path / "input.npy"
+    np.save(data, np.zeros((1, 64), np.float32))
+    result = load(
+        "http", gateway.http_url, "digits-light", gateway.device_token, data, 1, 1.0,
+        extra=("--pair-url", gateway.http_url),
+    )  # fmt: skip
+    assert result["errors"] == 0 and result["requests"] == result["pair"]["requests"] > 0
+    assert {"p50_ms", "p99_ms", "throughput_per_s"} <= result["pair"].keys()
+    assert isinstance(result["added_p50_ms"], float)
+
+
+def test_a_paired_run_is_one_client(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    answer = subprocess.run(
+        [sys.executable, "-m", "cloud_gateway.loadgen", "--protocol", "http", "--url", "x",
+         "--model", "m", "--token", "t", "--data", "d", "--concurrency", "2",
+         "--pair-url", "y"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert answer.returncode == 2 and "--concurrency 1" in answer.stderr
