@@ -52,6 +52,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from cloud_gateway.config import ConnectionSettings
 from cloud_gateway.metrics import GatewayMetrics
+from cloud_gateway.rest.coalesce import HeadHeld
 
 __all__ = [
     "RESERVED_DESCRIPTORS",
@@ -336,7 +337,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- asyncio's and the parser's events ----------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # a small answer's head and body in one send (cloud_gateway.rest.coalesce)
+        super().connection_made(HeadHeld(transport, self.loop))  # type: ignore[arg-type]
         if not self.tracker.admit(self):
             self.phase = ANSWERING  # never evicted: it is on its way out
             cap = self.tracker.cap
