@@ -35,6 +35,7 @@ median of the differences within its pairs, which a drift shifts for both alike.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import statistics
@@ -315,17 +316,20 @@ def summarize_remote(report: dict[str, Any]) -> None:
             """Per round: the median difference within the pairs of a paired run, else
             the difference of the two runs' p50."""
             direct, through = runs("direct", one, path), runs(path, one)
-            return [
+            added = [
                 through[r]["added_p50_ms"]
                 if "added_p50_ms" in through[r]
                 else through[r]["p50_ms"] - direct[r]["p50_ms"]
                 for r in sorted(direct.keys() & through.keys())
             ]
+            return [a for a in added if a is not None]  # a round where no pair answered
 
         straight = statistics.median(c["throughput_per_s"] for c in runs("direct", top).values())
         through = statistics.median(c["throughput_per_s"] for c in runs("gateway", top).values())
         direct_one = runs("direct", one, "gateway")
-        added = statistics.median(added_in("gateway"))
+        gateway_added = added_in("gateway")
+        # nothing measured through the gateway: as bad as it gets, never "met"
+        added = statistics.median(gateway_added) if gateway_added else math.inf
         relay_added = added_in("relay")
         # (an engine that answered nothing straight: every request through it lost)
         loss = 1 - through / straight if straight else 1.0

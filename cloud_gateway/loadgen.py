@@ -266,9 +266,10 @@ async def _run_paired(args: argparse.Namespace) -> dict[str, Any]:
                 await closing
     # each path's figures as if it had the client to itself: its own time only
     report = {"errors": len(errors), "first_errors": errors[:3], **_figures(first, sum(first))}
-    differences = np.subtract(second, first) * 1000 if first else np.zeros(1)
     report["pair"] = _figures(second, sum(second))
-    report["added_p50_ms"] = round(float(np.median(differences)), 3)
+    # no pair answered: nothing measured (never a 0 that would read as nothing added)
+    differences = np.subtract(second, first) * 1000
+    report["added_p50_ms"] = round(float(np.median(differences)), 3) if first else None
     return report
 
 

@@ -93,6 +93,21 @@ def test_paired_runs_judge_the_difference_within_their_pairs() -> None:
     assert "direct (in turn with gateway)" in format_remote(report)
 
 
+def test_a_paired_run_that_measured_nothing_is_not_met() -> None:
+    """An engine that answered no pair: no p50 added (not a 0), and the target missed."""
+    report: dict[str, Any] = {"cases": []}
+    empty = {"errors": 40, "requests": 0, "throughput_per_s": 0.0, "p50_ms": 0.0,
+             "p99_ms": 0.0, "pair": {"throughput_per_s": 0.0, "p50_ms": 0.0, "p99_ms": 0.0},
+             "added_p50_ms": None}  # fmt: skip
+    report["cases"] += _paired_cases(
+        {"protocol": "http", "clients": 1, "round": 0}, "gateway", empty
+    )
+    report["cases"] += [case("direct", 16, 0, 400, 50), case("gateway", 16, 0, 380, 52)]
+    summarize_remote(report)
+    assert report["summary"]["http"]["p50_added_ms"] == float("inf")
+    assert not report["summary"]["http"]["meets_target"]
+
+
 def test_the_bare_relay_forwards_bytes_metadata_deadline_and_status(tmp_path: Path) -> None:
     """What the relay adds is a gRPC hop and nothing else: what the engine got and said
     arrives unchanged, its errors too."""
