@@ -267,7 +267,9 @@ def _cases(
 def _paired_cases(at: dict[str, Any], path: str, result: dict[str, Any]) -> list[dict[str, Any]]:
     """A paired run's two cases: the direct one (``pair``: the path it was paired
     with) and the path's, with the median difference within the pairs."""
-    direct = {k: v for k, v in result.items() if k not in ("pair", "added_p50_ms")}
+    # a failed pair is dropped whole: its errors are counted once, on the path's case
+    direct = {k: v for k, v in result.items() if k not in ("pair", "added_p50_ms", "errors")}
+    direct["errors"] = 0
     through = {**result["pair"], "errors": result["errors"], "added_p50_ms": result["added_p50_ms"]}
     return [{**at, "path": "direct", "pair": path, **direct}, {**at, "path": path, **through}]
 
@@ -306,10 +308,13 @@ def summarize_remote(report: dict[str, Any]) -> None:
         def runs(
             path: str, count: int, pair: str | None = None, cases: list[dict[str, Any]] = cases
         ) -> dict[int, Any]:
+            """Each round's case of ``path``; a direct one paired with ``pair`` (or with
+            nothing) when ``pair`` is given."""
             return {
                 c.get("round", 0): c
                 for c in cases
-                if (c["path"], c["clients"]) == (path, count) and c.get("pair") in (None, pair)
+                if (c["path"], c["clients"]) == (path, count)
+                and (pair is None or c.get("pair") in (None, pair))
             }
 
         def added_in(path: str, one: int = one) -> list[float]:

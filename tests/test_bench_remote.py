@@ -106,6 +106,25 @@ def test_a_paired_run_that_measured_nothing_is_not_met() -> None:
     summarize_remote(report)
     assert report["summary"]["http"]["p50_added_ms"] == float("inf")
     assert not report["summary"]["http"]["meets_target"]
+    assert report["summary"]["http"]["errors"] == 40  # counted once, not per side
+
+
+def test_one_client_count_alone_is_judged_on_its_paired_runs() -> None:
+    """``--clients 1``: the paired runs are also the throughput cases."""
+    report: dict[str, Any] = {"cases": []}
+    result = {"errors": 0, "throughput_per_s": 250, "p50_ms": 3.0, "p99_ms": 6.0,
+              "pair": {"throughput_per_s": 240, "p50_ms": 3.5, "p99_ms": 7.0},
+              "added_p50_ms": 0.5}  # fmt: skip
+    report["cases"] += _paired_cases(
+        {"protocol": "http", "clients": 1, "round": 0}, "gateway", result
+    )
+    summarize_remote(report)
+    summary = report["summary"]["http"]
+    assert (summary["direct_per_s"], summary["gateway_per_s"], summary["p50_added_ms"]) == (
+        250,
+        240,
+        0.5,
+    )
 
 
 def test_the_bare_relay_forwards_bytes_metadata_deadline_and_status(tmp_path: Path) -> None:
