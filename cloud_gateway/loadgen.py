@@ -232,6 +232,13 @@ async def _paired(
     return times
 
 
+async def _close_all(clients: list[tuple[Send, Callable[[], Any]]]) -> None:
+    for _, close in clients:
+        closing = close()
+        if asyncio.iscoroutine(closing):
+            await closing
+
+
 def _figures(latencies: list[float], elapsed: float) -> dict[str, Any]:
     values = np.asarray(latencies) * 1000 if latencies else np.zeros(1)
     return {
@@ -260,10 +267,7 @@ async def _run_paired(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         first, second = await _paired(clients[0][0], clients[1][0], started + args.seconds, errors)
     finally:
-        for _, close in clients:
-            closing = close()
-            if asyncio.iscoroutine(closing):
-                await closing
+        await _close_all(clients)
     # each path's figures as if it had the client to itself: its own time only
     report = {"errors": len(errors), "first_errors": errors[:3], **_figures(first, sum(first))}
     report["pair"] = _figures(second, sum(second))
@@ -288,10 +292,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*(_worker(send, stop, latencies, errors) for send, _ in clients))
         elapsed = time.perf_counter() - started
     finally:
-        for _, close in clients:
-            closing = close()
-            if asyncio.iscoroutine(closing):
-                await closing
+        await _close_all(clients)
     return {"errors": len(errors), "first_errors": errors[:3], **_figures(latencies, elapsed)}
 
 
