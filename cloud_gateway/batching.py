@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
@@ -38,7 +39,7 @@ import numpy as np
 from cloud_gateway.config import BatchingSettings
 from edge_core.errors import DeadlineExceeded, Unavailable
 
-__all__ = ["DynamicBatcher", "Plan", "Queued", "plan_batch"]
+__all__ = ["BatchSlots", "DynamicBatcher", "Plan", "Queued", "plan_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +116,50 @@ class _Item:
     future: asyncio.Future[dict[str, Array]]
 
 
+class BatchSlots:
+    """How many batches may be out at once (running, or waiting for a thread of the
+    executor), shared by the batchers of one executor. A batcher that finds none free
+    waits in line; a slot given back goes to the first in line. Used on one event loop.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("at least one slot")
+        self.size = size
+        self.taken = 0
+        self._waiting: deque[DynamicBatcher] = deque()
+
+    def take(self, batcher: DynamicBatcher) -> bool:
+        """A slot for ``batcher``, or ``False`` and ``batcher`` in line for the next one."""
+        if self.taken < self.size:
+            self.taken += 1
+            return True
+        if batcher not in self._waiting:
+            self._waiting.append(batcher)
+        return False
+
+    def give_back(self) -> None:
+        self.taken -= 1
+        # to those in line until one takes it (one may have nothing due any more)
+        while self._waiting and self.taken < self.size:
+            self._waiting.popleft().pump()
+
+
 class DynamicBatcher:
     """The queue and runner of one model. Lives on one event loop.
 
+    Driven by callbacks, not by a task of its own: a request queued asks for one look
+    at the queue at the end of the loop's turn (so that the requests of one turn go
+    together), the batch goes to ``executor`` straight from there, and the thread
+    that ran it hands the outputs back with one ``call_soon_threadsafe``, which
+    answers the batch's requests and looks at the queue again. Measured against a
+    batcher with a task that waited for work and a task per batch: one lone client's
+    request cost 48 against 145 µs of CPU on one core (the planner and the hop to the
+    thread included; a model that answers at once).
+
     ``on_batch(rows, queue_seconds_list, compute_seconds)`` is called after each
-    batch, for metrics. Up to ``max_inflight`` batches are out at once, running
-    or waiting for a free thread of ``executor``; batchers that share an executor
-    share ``slots`` (a semaphore) instead.
+    batch, for metrics. Up to ``max_inflight`` batches are out at once; batchers that
+    share an executor share ``slots`` instead.
     """
 
     def __init__(
@@ -134,7 +172,7 @@ class DynamicBatcher:
         on_batch: Callable[[int, list[float], float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_inflight: int = 1,
-        slots: asyncio.Semaphore | None = None,
+        slots: BatchSlots | None = None,
     ) -> None:
         self.config = config
         self.name = name
@@ -142,23 +180,15 @@ class DynamicBatcher:
         self._executor = executor
         self._on_batch = on_batch
         self._clock = clock
+        self._loop = asyncio.get_running_loop()
         self._queue: list[_Item] = []
-        self._wakeup = asyncio.Event()
-        self._slots = slots or asyncio.Semaphore(max_inflight)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = slots or BatchSlots(max_inflight)
+        self._out = 0  # batches of this model out now
         self._last = (0, 0)  # the last batch's requests and rows (busy_delay_us)
         self._closed = False
-        self._loop_task = asyncio.get_running_loop().create_task(self._loop())
-        self._loop_task.add_done_callback(self._loop_ended)
-
-    def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        log.error("the batcher of %s stopped: %r", self.name, task.exception())
-        self._closed = True
-        for item in self._queue:  # nothing waits forever on a dead batcher
-            self._resolve(item, Unavailable(f"model {self.name} cannot run requests now"))
-        self._queue.clear()
+        self._looking = False  # a look at the queue is scheduled for this turn
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle: asyncio.Future[None] | None = None  # close() waits for it
 
     @staticmethod
     def key_of(feed: dict[str, Array]) -> Hashable:
@@ -176,10 +206,12 @@ class DynamicBatcher:
         if self._closed:
             raise Unavailable(f"model {self.name} is being unloaded")
         rows = next(iter(feed.values())).shape[0]
-        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[dict[str, Array]] = self._loop.create_future()
         meta = Queued(rows, self.key_of(feed), self._clock(), deadline)
         self._queue.append(_Item(feed, meta, future))
-        self._wakeup.set()
+        if not self._looking:
+            self._looking = True
+            self._loop.call_soon(self.pump)
         if deadline is None:
             return await future
         try:
@@ -189,121 +221,129 @@ class DynamicBatcher:
                 f"the request's deadline passed while it waited for model {self.name}"
             ) from None
 
-    async def _loop(self) -> None:
-        while True:
-            # a slot only once there is work: an idle model holding one of the slots
-            # that all models share would starve the others (more models than slots)
-            if not await self._work():
-                return
-            await self._slots.acquire()
-            batch = await self._next_batch()
-            if batch is None:
-                self._slots.release()
-                return
-            task = asyncio.get_running_loop().create_task(self._execute(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _work(self) -> bool:
-        """Wait until a request is queued; ``False`` when closed with nothing queued."""
-        while True:
-            self._queue = [item for item in self._queue if not item.future.done()]
-            if self._queue:
-                return True
-            if self._closed:
-                return False
-            self._wakeup.clear()
-            await self._wakeup.wait()
-
-    async def _next_batch(self) -> list[_Item] | None:
-        while True:
-            self._queue = [item for item in self._queue if not item.future.done()]
-            if self._closed and not self._queue:
-                return None
-            # while closing, what is queued goes at once
-            config = (
-                replace(self.config, max_queue_delay_us=0, busy_delay_us=0)
-                if self._closed
-                else self.config
-            )
-            queue = [item.meta for item in self._queue]
-            plan = plan_batch(queue, self._clock(), config, self._last)
-            for index in plan.expired:
-                item = self._queue[index]
-                if not item.future.done():
-                    item.future.set_exception(
-                        DeadlineExceeded(
-                            "the request's deadline passed while it was queued "
-                            f"for model {self.name}"
-                        )
-                    )
-            if plan.take:
-                batch = [self._queue[i] for i in plan.take]
-                taken = set(plan.take) | set(plan.expired)
-                self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
-                self._last = (len(batch), sum(item.meta.rows for item in batch))
-                return batch
-            if plan.expired:
-                continue
-            self._wakeup.clear()
-            timeout = None if plan.wake_at is None else max(plan.wake_at - self._clock(), 0.0)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
-
-    async def _execute(self, batch: list[_Item]) -> None:
+    def pump(self) -> None:
+        """Look at the queue: fail what has expired, send out what may go now (while
+        there are slots), and set a timer for when to look again."""
+        self._looking = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         try:
-            await self._run_batch(batch)
+            while self._queue and self._send_one():
+                pass
+        except Exception:  # a bug here must not leave requests waiting forever
+            log.exception("the batcher of %s stopped", self.name)
+            self._closed = True
+            for item in self._queue:
+                self._resolve(item, Unavailable(f"model {self.name} cannot run requests now"))
+            self._queue.clear()
+        self._check_idle()
+
+    def _send_one(self) -> bool:
+        """Plan once; send a batch if one is due and a slot is free. Whether to plan
+        again at once."""
+        self._queue = [item for item in self._queue if not item.future.done()]
+        if not self._queue:
+            return False
+        # while closing, what is queued goes at once
+        config = (
+            replace(self.config, max_queue_delay_us=0, busy_delay_us=0)
+            if self._closed
+            else self.config
+        )
+        plan = plan_batch([item.meta for item in self._queue], self._clock(), config, self._last)
+        for index in plan.expired:
+            self._resolve(
+                self._queue[index],
+                DeadlineExceeded(
+                    f"the request's deadline passed while it was queued for model {self.name}"
+                ),
+            )
+        if not plan.take:
+            if plan.expired:
+                return True
+            if plan.wake_at is not None:
+                self._timer = self._loop.call_later(
+                    max(plan.wake_at - self._clock(), 0.0), self.pump
+                )
+            return False
+        if not self._slots.take(self):
+            return False  # pump() again when a slot is given back
+        batch = [self._queue[i] for i in plan.take]
+        taken = set(plan.take)
+        self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
+        self._last = (len(batch), sum(item.meta.rows for item in batch))
+        self._out += 1
+        try:
+            self._executor.submit(self._run, batch)
+        except Exception as exc:  # the executor is shut down
+            self._finish(batch, exc)
+        return True
+
+    def _run(self, batch: list[_Item]) -> None:
+        """In the executor's thread: run the batch (one by one if it fails as a whole,
+        so that only the culprit fails), and hand the results back to the loop."""
+        result: Any
+        try:
+            names = list(batch[0].feed)
+            if len(batch) == 1:
+                feed = batch[0].feed
+            else:
+                feed = {n: np.concatenate([item.feed[n] for item in batch]) for n in names}
+            started = self._clock()  # a batch may wait for a thread: queue time, not compute
+            outputs = self._runner(feed)
+            result = (outputs, started, self._clock())
+        except Exception as exc:
+            if len(batch) == 1:
+                result = exc
+            else:
+                log.warning(
+                    "a batch of %d for %s failed (%s); re-running one by one",
+                    len(batch),
+                    self.name,
+                    exc,
+                )
+                result = [self._one(item) for item in batch]
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._finish, batch, result)
+
+    def _one(self, item: _Item) -> dict[str, Array] | Exception:
+        try:
+            return self._runner(item.feed)
+        except Exception as exc:
+            return exc
+
+    def _finish(self, batch: list[_Item], result: Any) -> None:
+        """On the loop: answer a batch's requests, give its slot back, look again."""
+        self._out -= 1
+        try:
+            if isinstance(result, Exception):
+                for item in batch:
+                    self._resolve(item, result)
+            elif isinstance(result, list):  # run one by one
+                for item, single in zip(batch, result, strict=True):
+                    self._resolve(item, single)
+            else:
+                self._answer(batch, *result)
         except Exception as exc:  # whatever went wrong, no request of the batch is left waiting
             log.exception("a batch of %s failed", self.name)
             for item in batch:
                 self._resolve(item, exc)
         finally:
-            self._slots.release()
+            self._slots.give_back()
+            self.pump()
 
-    def _timed(self, feed: dict[str, Array]) -> tuple[dict[str, Array], float, float]:
-        """Run a batch in the executor's thread; when it started and ended there (a
-        batch may wait for a free thread first: that is queue time, not compute)."""
-        started = self._clock()
-        outputs = self._runner(feed)
-        return outputs, started, self._clock()
-
-    async def _run_batch(self, batch: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
-        names = list(batch[0].feed)
-        if len(batch) == 1:
-            feed = batch[0].feed
-        else:
-            feed = {n: np.concatenate([item.feed[n] for item in batch]) for n in names}
-        try:
-            outputs, started, ended = await loop.run_in_executor(self._executor, self._timed, feed)
-        except Exception as exc:
-            if len(batch) == 1:
-                self._resolve(batch[0], exc)
-                return
-            log.warning(
-                "a batch of %d for %s failed (%s); re-running one by one",
-                len(batch),
-                self.name,
-                exc,
-            )
-            for item in batch:
-                try:
-                    self._resolve(
-                        item,
-                        await loop.run_in_executor(self._executor, self._runner, item.feed),
-                    )
-                except Exception as single:
-                    self._resolve(item, single)
-            return
-        compute = ended - started
-        waits = [started - item.meta.enqueued for item in batch]
+    def _answer(
+        self, batch: list[_Item], outputs: dict[str, Array], started: float, ended: float
+    ) -> None:
         offset = 0
         for item in batch:
             end = offset + item.meta.rows
             self._resolve(item, {n: v[offset:end] for n, v in outputs.items()})
             offset = end
         if self._on_batch is not None:
-            self._on_batch(offset, waits, compute)
+            waits = [started - item.meta.enqueued for item in batch]
+            self._on_batch(offset, waits, ended - started)
 
     @staticmethod
     def _resolve(item: _Item, result: dict[str, Array] | BaseException) -> None:
@@ -314,10 +354,14 @@ class DynamicBatcher:
         else:
             item.future.set_result(result)
 
+    def _check_idle(self) -> None:
+        if self._idle is not None and not self._idle.done() and not self._queue and not self._out:
+            self._idle.set_result(None)
+
     async def close(self) -> None:
         """Stop taking requests, run those already queued, then stop."""
         self._closed = True
-        self._wakeup.set()
-        await self._loop_task
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._idle is None:
+            self._idle = self._loop.create_future()
+        self.pump()
+        await asyncio.shield(self._idle)

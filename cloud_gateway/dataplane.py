@@ -28,7 +28,7 @@ import numpy as np
 
 from cloud_gateway import cpus
 from cloud_gateway.auth import Device, DeviceRegistry, RateLimiter
-from cloud_gateway.batching import DynamicBatcher
+from cloud_gateway.batching import BatchSlots, DynamicBatcher
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.remote.backend import RemoteBackend
@@ -88,7 +88,7 @@ class DataPlane:
         self._stopping = False
         # one change of the loaded models at a time (polls, load and unload requests)
         self._changing: asyncio.Lock | None = None
-        self._slots: asyncio.Semaphore | None = None  # made on the loop, when first needed
+        self._slots: BatchSlots | None = None
 
     # -- lifecycle (on the event loop) ----------------------------------------------
 
@@ -107,10 +107,10 @@ class DataPlane:
             await self._apply(added, removed)
         self._ready = True
 
-    def _batch_slots(self) -> asyncio.Semaphore:
+    def _batch_slots(self) -> BatchSlots:
         """The batches out at once over every model: one more than the workers."""
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.config.workers + 1)
+            self._slots = BatchSlots(self.config.workers + 1)
         return self._slots
 
     def _loading(self, load: Callable[[T], R], argument: T) -> R:

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_gateway.batching import DynamicBatcher, Queued, plan_batch
+from cloud_gateway.batching import BatchSlots, DynamicBatcher, Queued, plan_batch
 from cloud_gateway.config import BatchingSettings, load_config
-from edge_core.errors import ConfigError, DeadlineExceeded
+from edge_core.errors import ConfigError, DeadlineExceeded, Unavailable
 
 CONFIG = BatchingSettings(max_batch_size=8, max_queue_delay_us=1000)
 
@@ -182,7 +182,7 @@ def test_idle_models_leave_the_shared_slots_to_busy_ones() -> None:
     models = [FakeModel() for _ in range(4)]
 
     async def main() -> np.ndarray:
-        slots = asyncio.Semaphore(2)
+        slots = BatchSlots(2)
         with ThreadPoolExecutor(1) as pool:
             batchers = [DynamicBatcher(m, CONFIG, pool, slots=slots) for m in models]
             await asyncio.sleep(0.01)  # every batcher's loop is waiting for work
@@ -292,3 +292,105 @@ def test_busy_delay_is_read_from_the_config_and_checked(tmp_path: Path) -> None:
     path.write_text('repository = "models"\n[models.m.batching]\nbusy_delay_us = -1\n')
     with pytest.raises(ConfigError, match="busy_delay_us"):
         load_config(path)
+
+
+def test_the_requests_of_one_turn_go_together() -> None:
+    """With no delay, what is queued in one turn of the loop is one batch, not the
+    first request alone and the rest after it."""
+    model = FakeModel()
+    config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(model, config, pool, max_inflight=2)
+            await asyncio.gather(
+                *(batcher.submit({"x": np.full((1, 1), i, np.float32)}) for i in range(5))
+            )
+            await batcher.close()
+
+    run(main())
+    assert model.batches == [5]
+
+
+def test_a_shared_slot_goes_to_the_next_in_line() -> None:
+    """One slot, two models: the second model's batch waits for the slot and runs when
+    the first model's batch gives it back; one in line with nothing due any more does
+    not keep it from the next."""
+    slow, other, third = FakeModel(delay=0.1), FakeModel(), FakeModel()
+    config = BatchingSettings(max_batch_size=4, max_queue_delay_us=0)
+
+    async def main() -> None:
+        slots = BatchSlots(1)
+        with ThreadPoolExecutor(2) as pool:
+            a, b, c = (DynamicBatcher(m, config, pool, slots=slots) for m in (slow, other, third))
+            first = asyncio.ensure_future(a.submit({"x": np.ones((1, 1), np.float32)}))
+            await asyncio.sleep(0.02)  # a's batch holds the one slot
+            gone = asyncio.ensure_future(b.submit({"x": np.ones((1, 1), np.float32)}))
+            waiting = asyncio.ensure_future(c.submit({"x": np.ones((1, 1), np.float32)}))
+            await asyncio.sleep(0.02)
+            assert slots.taken == 1 and not waiting.done()
+            gone.cancel()  # b is first in line, but has nothing due when the slot is back
+            result = await asyncio.wait_for(waiting, timeout=5)
+            assert result["y"].tolist() == [[2.0]]
+            await first
+            for batcher in (a, b, c):
+                await batcher.close()
+            assert slots.taken == 0
+
+    run(main())
+    assert slow.batches == [1] and other.batches == [] and third.batches == [1]
+
+
+def test_a_shut_down_executor_fails_the_batch_and_frees_its_slot() -> None:
+    model = FakeModel()
+
+    async def main() -> tuple[object, int]:
+        pool = ThreadPoolExecutor(1)
+        pool.shutdown()
+        slots = BatchSlots(1)
+        batcher = DynamicBatcher(model, CONFIG, pool, slots=slots)
+        failed = await asyncio.gather(
+            batcher.submit({"x": np.ones((1, 1), np.float32)}), return_exceptions=True
+        )
+        await batcher.close()
+        return failed[0], slots.taken
+
+    failed, taken = run(main())
+    assert isinstance(failed, RuntimeError) and taken == 0
+    assert model.batches == []
+
+
+def test_a_planning_bug_fails_the_queue_instead_of_leaving_it_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: object) -> None:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr("cloud_gateway.batching.plan_batch", broken)
+
+    async def main() -> object:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(FakeModel(), CONFIG, pool)
+            outcome = await asyncio.gather(
+                asyncio.wait_for(batcher.submit({"x": np.ones((1, 1), np.float32)}), 5),
+                return_exceptions=True,
+            )
+            with pytest.raises(Unavailable):  # and it takes no more
+                await batcher.submit({"x": np.ones((1, 1), np.float32)})
+            return outcome[0]
+
+    assert isinstance(run(main()), Unavailable)
+
+
+def test_close_waits_for_the_batch_that_runs() -> None:
+    model = FakeModel(delay=0.2)
+
+    async def main() -> bool:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(model, CONFIG, pool)
+            pending = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 1), np.float32)}))
+            await asyncio.sleep(0.05)  # running now
+            await batcher.close()
+            return pending.done() and not pending.cancelled()
+
+    assert run(main())
