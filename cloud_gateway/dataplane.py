@@ -35,7 +35,7 @@ from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import LoadedModel, ServingRepository
 from edge_core.errors import BadRequest, DeadlineExceeded, EngineError, PermissionDenied
 from edge_core.names import check_model_name, is_model_name, parse_version
-from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
 from edge_core.status import status_of
 from edge_core.tensors import format_shape
 
@@ -350,17 +350,22 @@ class DataPlane:
                 raise DeadlineExceeded("the request's deadline had passed when it arrived")
             if device is not None:
                 self._child(self.metrics.device_requests, device.id, device.group).inc()
+            raw = None
             if model.forward is not None:
-                outputs = await self._forward(model, request, deadline)
+                answer = await self._forward(model, request, deadline)
+                outputs = answer.outputs
+                raw = self._relayable(answer, model, request)
             else:
                 outputs = await self._run(model, feed, deadline)
-            if wanted is not None:
+            if wanted is not None and list(outputs) != wanted:
                 outputs = {name: outputs[name] for name in wanted}
+                raw = None
             response = InferResponse(
                 model_name=model.package.name,
                 model_version=str(model.package.version),
                 outputs=outputs,
                 id=request.id,
+                raw=raw,
             )
         except Exception as exc:
             status = status_of(exc)
@@ -393,9 +398,26 @@ class DataPlane:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    @staticmethod
+    def _relayable(
+        answer: InferResponse, model: LoadedModel, request: InferRequest
+    ) -> RawAnswer | None:
+        """The engine's answer body, when it says what this gateway's own would: the
+        same model, version and id (the front end checks that its outputs are in the
+        form the client asked)."""
+        if answer.raw is None:
+            return None
+        if (answer.model_name, answer.model_version, answer.id) != (
+            model.package.name,
+            str(model.package.version),
+            request.id,
+        ):
+            return None
+        return answer.raw
+
     async def _forward(
         self, model: LoadedModel, request: InferRequest, deadline: float | None
-    ) -> dict[str, Array]:
+    ) -> InferResponse:
         """A remote engine's model: the request as it came, on the loop, no batcher."""
         assert model.forward is not None
         started = self._clock()
@@ -406,7 +428,7 @@ class DataPlane:
         missing = [o.name for o in request.outputs or () if o.name not in answer.outputs]
         if missing:
             raise EngineError(f"engine {model.device} left out output(s) {', '.join(missing)}")
-        return answer.outputs
+        return answer
 
     async def _run(
         self, model: LoadedModel, feed: dict[str, Array], deadline: float | None

@@ -342,3 +342,69 @@ def test_the_engine_http_client_reads_chunked_answers_and_reconnects() -> None:
     served: list[int] = []
     asyncio.run(run())
     assert len(served) == 3
+
+
+def test_binary_tensors_pass_through_to_an_http_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device's binary request goes to an HTTP engine with its tensor bytes as they
+    came (only the JSON header written again), and the engine's binary answer comes
+    back as it is; an answer in another form than the device asked is encoded again."""
+    import edge_core.protocol.rest as rest
+
+    engine = start_gateway(tmp_path / "engine", heavy_only(tmp_path), poll_interval_s=0.0)
+    front = front_of(tmp_path, engine, "http")
+    forwarded: list[bytes] = []
+    encoded: list[str] = []
+    forward, tensors = rest.forward_infer_request, rest._tensors
+
+    def spy_forward(raw: object, parameters: dict[str, object]) -> object:
+        parts, length = forward(raw, parameters)  # type: ignore[arg-type]
+        forwarded.append(bytes(parts[1]))
+        return parts, length
+
+    def spy_tensors(arrays: object, datatypes: object, binary: object, kind: str) -> object:
+        encoded.append(kind)
+        return tensors(arrays, datatypes, binary, kind)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rest, "forward_infer_request", spy_forward)
+    monkeypatch.setattr(rest, "_tensors", spy_tensors)
+    try:
+        x = heldout(2)
+        expected = direct("digits-heavy", x)
+        np.testing.assert_allclose(http_infer(front, x), expected, atol=1e-5)
+        assert forwarded == [x.tobytes()]  # the very bytes the device sent
+        assert encoded == ["output"]  # the engine's own answer; the front relayed it
+        # outputs asked for as JSON: the engine answers JSON, which is never relayed
+        client = thttp.InferenceServerClient(front.http_url)
+        tensor = thttp.InferInput("pixels", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        wanted = [thttp.InferRequestedOutput("probabilities", binary_data=False)]
+        encoded.clear()
+        answer = client.infer("digits-heavy", [tensor], outputs=wanted, headers=front.headers())
+        np.testing.assert_allclose(answer.as_numpy("probabilities"), expected, atol=1e-5)
+        assert len(forwarded) == 2 and encoded == ["output", "output"]
+    finally:
+        front.thread.stop()
+        engine.thread.stop()
+
+
+def test_an_answer_is_relayed_only_when_it_says_what_the_gateway_would() -> None:
+    from types import SimpleNamespace
+
+    from cloud_gateway.dataplane import DataPlane
+    from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
+
+    raw = RawAnswer(b"{}", 2, frozenset())
+    model = SimpleNamespace(package=SimpleNamespace(name="m", version=3))
+    request = InferRequest({}, {}, id="r")
+
+    def relayed(name: str, version: str, id: str) -> RawAnswer | None:
+        answer = InferResponse(name, version, {}, id=id, raw=raw)
+        return DataPlane._relayable(answer, model, request)  # type: ignore[arg-type]
+
+    assert relayed("m", "3", "r") is raw
+    # another version, model or id than the gateway's own answer would say: encoded again
+    assert relayed("m", "1", "r") is None
+    assert relayed("other", "3", "r") is None
+    assert relayed("m", "3", "") is None

@@ -20,6 +20,7 @@ from edge_core.protocol.rest import (
     decode_infer_response,
     encode_infer_request,
     encode_infer_response,
+    forward_infer_request,
 )
 from edge_core.protocol.types import InferRequest, InferResponse, RequestedOutput
 
@@ -216,3 +217,69 @@ def test_lengths_sent_as_text_are_bounded() -> None:
     for text in ("", "-1", " 1", "²", "1e3", "9" * 20, "1" * 5000):
         with pytest.raises(ProtocolError, match="n must be a non-negative integer"):
             parse_length(text, "n")
+
+
+# -- passing a request through, and relaying an answer -------------------------------------
+
+
+def test_a_binary_request_is_kept_as_it_came_only_when_asked() -> None:
+    body, length = encode_infer_request(sample_request())
+    assert decode_infer_request(body, length).raw is None
+    raw = decode_infer_request(body, length, keep_raw=True).raw
+    assert raw is not None and bytes(raw.binary) == body[length:]
+    # an input in JSON: not kept (an engine would read JSON where binary was meant)
+    json_body, _ = encode_infer_request(sample_request(), binary=False)
+    assert decode_infer_request(json_body, None, keep_raw=True).raw is None
+
+
+def test_a_kept_request_goes_on_with_its_bytes_and_new_parameters() -> None:
+    request = sample_request()
+    request.outputs = [RequestedOutput("scores", binary_data=True)]
+    body, length = encode_infer_request(request)
+    document = json.loads(body[:length])
+    document["extra"] = "not part of the protocol"
+    header = json.dumps(document).encode()
+    kept = decode_infer_request(header + body[length:], len(header), keep_raw=True)
+    assert kept.raw is not None
+    parts, header_length = forward_infer_request(kept.raw, {"timeout": 900})
+    sent = b"".join(parts)
+    assert sent[header_length:] == body[length:]  # the tensor bytes, untouched
+    again = decode_infer_request(sent, header_length)
+    assert again.parameters == {"timeout": 900}  # the caller's, not the device's 5000
+    assert again.id == "req-1" and [o.name for o in again.outputs or []] == ["scores"]
+    assert "extra" not in json.loads(sent[:header_length])
+    for name, array in request.inputs.items():
+        np.testing.assert_array_equal(again.inputs[name], array)
+
+
+def answer(binary: bool) -> tuple[bytes, int | None]:
+    response = InferResponse("m", "1", {"scores": np.array([[0.5, 1.5]], np.float32)}, id="req-1")
+    return encode_infer_response(
+        response, InferRequest({}, {}, outputs=[RequestedOutput("scores", binary)])
+    )
+
+
+def test_an_engines_binary_answer_is_relayed_in_the_form_asked() -> None:
+    body, length = answer(binary=True)
+    response = decode_infer_response(body, length, keep_raw=True)
+    assert response.raw is not None and response.raw.binary == {"scores"}
+    as_binary = InferRequest({}, {}, outputs=[RequestedOutput("scores", True)])
+    assert encode_infer_response(response, as_binary) == (body, length)
+    # the device asked for JSON: encoded again, not relayed
+    as_json = InferRequest({}, {}, outputs=[RequestedOutput("scores", False)])
+    again, again_length = encode_infer_response(response, as_json)
+    assert again_length is None and json.loads(again)["outputs"][0]["data"] == [0.5, 1.5]
+
+
+def test_only_whole_binary_answers_are_kept_for_relaying() -> None:
+    json_body, _ = answer(binary=False)
+    assert decode_infer_response(json_body, None, keep_raw=True).raw is None
+    body, length = answer(binary=True)
+    assert decode_infer_response(body, length).raw is None  # not asked
+    # bytes that no output claims: read, never passed on
+    assert decode_infer_response(body + b"\0" * 4, length, keep_raw=True).raw is None
+    document = json.loads(body[:length])
+    document["outputs"][0]["parameters"]["binary_data_size"] = "8"
+    header = json.dumps(document).encode()
+    with pytest.raises(ProtocolError, match="binary_data_size"):
+        decode_infer_response(header + body[length:], len(header), keep_raw=True)

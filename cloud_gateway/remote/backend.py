@@ -11,7 +11,9 @@ The workflow, for each ``[[backends]]`` entry:
    ``forward`` coroutine, so the data plane treats them like its own models:
    the device's token, group, rate limit, the request's checks against the
    model's metadata, its deadline and metrics stay the gateway's;
-3. a request is forwarded as it came (its outputs, parameters and id), on the
+3. a request is forwarded as it came (its outputs, parameters and id; to an HTTP
+   engine, a device's binary tensors as the very bytes it sent, and the engine's
+   binary answer relayed as it is when it is what the device asked for), on the
    event loop, with at most ``max_in_flight`` out at once; it waits for a
    place within its deadline. The gateway never batches these models: the
    engine has its own batcher, and two in a row only add their delays;
@@ -279,6 +281,7 @@ class RemoteBackend:
                 id=request.id,
                 outputs=request.outputs,
                 parameters={k: v for k, v in request.parameters.items() if k != "timeout"},
+                raw=request.raw,
             )
             try:
                 return await self.engine.infer(outgoing, remaining)

@@ -237,7 +237,7 @@ class HttpEngine(Engine):
         method: str,
         path: str,
         timeout: float,
-        body: bytes = b"",
+        body: bytes | tuple[bytes | memoryview, ...] = b"",
         headers: dict[str, str] | None = None,
     ) -> tuple[bytes, dict[str, str]]:
         from cloud_gateway.remote.http1 import Malformed, TimedOut, Unreachable
@@ -309,12 +309,20 @@ class HttpEngine(Engine):
             HEADER_LENGTH,
             decode_infer_response,
             encode_infer_request,
+            forward_infer_request,
         )
 
         # the deadline travels as the protocol's timeout parameter (microseconds)
         us = max(int(timeout * 1e6), 1)
-        request = replace(request, parameters={**request.parameters, "timeout": us})
-        body, header_length = encode_infer_request(request, binary=self.binary)
+        parameters = {**request.parameters, "timeout": us}
+        body: bytes | tuple[bytes | memoryview, ...]
+        header_length: int | None
+        if request.raw is not None and self.binary:
+            # a device's binary request: its tensor bytes go on as they came
+            body, header_length = forward_infer_request(request.raw, parameters)
+        else:
+            request = replace(request, parameters=parameters)
+            body, header_length = encode_infer_request(request, binary=self.binary)
         headers = {"Content-Type": "application/json"}
         if header_length is not None:
             headers = {
@@ -327,7 +335,8 @@ class HttpEngine(Engine):
         content, answer = await self._send("POST", path + "/infer", timeout, body, headers)
         length = answer.get(HEADER_LENGTH.lower())
         try:
-            return decode_infer_response(content, int(length) if length else None)
+            # kept whole when its outputs are binary: the data plane may relay it
+            return decode_infer_response(content, int(length) if length else None, keep_raw=True)
         except (ProtocolError, ValueError) as exc:
             raise EngineError(f"engine {self.name}: a malformed answer: {exc}") from exc
 

@@ -25,7 +25,7 @@ import asyncio
 import ssl
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -132,27 +132,29 @@ class Client:
         method: str,
         path: str,
         *,
-        body: bytes = b"",
+        body: bytes | Sequence[bytes | memoryview] = b"",
         headers: dict[str, str] | None = None,
         timeout: float,
     ) -> Answer:
-        """One request; its answer, whatever the status.
+        """One request; its answer, whatever the status. ``body``: bytes, or its parts
+        (written as they are, not joined here first).
 
         Raises:
             Unreachable, TimedOut, Malformed.
         """
+        parts = (body,) if isinstance(body, bytes) else tuple(body)
         head = (
             f"{method} {self.prefix}{path} HTTP/1.1\r\n{self.fixed}"
             + "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-            + f"Content-Length: {len(body)}\r\n\r\n"
+            + f"Content-Length: {sum(len(part) for part in parts)}\r\n\r\n"
         ).encode("latin-1")
         try:
             async with self._slots:
-                return await within(self._exchange(head + body), timeout)
+                return await within(self._exchange((head, *parts)), timeout)
         except (TimeoutError, asyncio.TimeoutError):
             raise TimedOut(f"no answer within {timeout:.3f} s") from None
 
-    async def _exchange(self, message: bytes) -> Answer:
+    async def _exchange(self, message: tuple[bytes | memoryview, ...]) -> Answer:
         connection = self._reusable()
         fresh = connection is None
         if connection is None:
@@ -178,10 +180,12 @@ class Client:
                 connection.close()
             return answer
 
-    async def _send(self, connection: _Connection, message: bytes) -> tuple[Answer, bool]:
+    async def _send(
+        self, connection: _Connection, message: tuple[bytes | memoryview, ...]
+    ) -> tuple[Answer, bool]:
         reader = connection.reader
         try:
-            connection.writer.write(message)
+            connection.writer.writelines(message)
             await connection.writer.drain()
             line = await reader.readline()
         except (ConnectionError, OSError) as exc:

@@ -37,6 +37,8 @@ from edge_core.protocol.types import (
     Array,
     InferRequest,
     InferResponse,
+    RawAnswer,
+    RawRequest,
     RequestedOutput,
     array_from_bytes,
     array_to_bytes,
@@ -52,6 +54,7 @@ __all__ = [
     "decode_infer_response",
     "encode_infer_request",
     "encode_infer_response",
+    "forward_infer_request",
     "load_json",
 ]
 
@@ -159,8 +162,11 @@ def _kind(array: Array) -> str:
     )
 
 
-def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
-    """Parse an infer request body (server side).
+def decode_infer_request(
+    body: bytes, header_length: int | None = None, *, keep_raw: bool = False
+) -> InferRequest:
+    """Parse an infer request body (server side). ``keep_raw``: when every input is
+    binary data, keep the body as it came too (:attr:`InferRequest.raw`).
 
     Raises:
         ProtocolError: the body is malformed; the message says where and how.
@@ -205,6 +211,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
         raise ProtocolError(
             f"the body has {len(binary) - offset} bytes of binary data that no input claims"
         )
+    all_binary = all("binary_data_size" in (item.get("parameters") or {}) for item in raw_inputs)
     outputs = _requested_outputs(document.get("outputs"))
     parameters = _parameters(document.get("parameters"), "request")
     request_id = document.get("id", "")
@@ -220,6 +227,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
         outputs=outputs,
         parameters=parameters,
         binary_output=binary_output,
+        raw=RawRequest(document, binary) if keep_raw and all_binary else None,
     )
     _ = request.timeout_us  # validated here, used by the data plane
     return request
@@ -298,6 +306,9 @@ def encode_infer_response(
             for o in request.outputs
             if (o.binary_data if o.binary_data is not None else request.binary_output)
         }
+    raw = response.raw
+    if raw is not None and raw.binary == binary_names:
+        return raw.body, raw.header_length  # an engine's answer in the form asked: as it is
     entries, blobs = _tensors(response.outputs, {}, lambda name: name in binary_names, "output")
     document: dict[str, Any] = {
         "model_name": response.model_name,
@@ -340,8 +351,25 @@ def encode_infer_request(request: InferRequest, *, binary: bool = True) -> tuple
     return header + b"".join(blobs), len(header)
 
 
-def decode_infer_response(body: bytes, header_length: int | None = None) -> InferResponse:
-    """Parse an infer response body (client side).
+def forward_infer_request(
+    raw: RawRequest, parameters: dict[str, Any]
+) -> tuple[tuple[bytes | memoryview, ...], int]:
+    """A request kept as it came (:attr:`InferRequest.raw`), to be sent on with
+    ``parameters`` instead of its own: the parts of the body, and the JSON header's
+    length. Only the header is written again; the tensor bytes go as they came."""
+    kept = ("id", "inputs", "outputs")
+    document = {key: raw.document[key] for key in kept if key in raw.document}
+    if parameters:
+        document["parameters"] = parameters
+    header = json.dumps(document, separators=(",", ":")).encode()
+    return (header, raw.binary), len(header)
+
+
+def decode_infer_response(
+    body: bytes, header_length: int | None = None, *, keep_raw: bool = False
+) -> InferResponse:
+    """Parse an infer response body (client side). ``keep_raw``: when every output is
+    binary data, keep the body too (:attr:`InferResponse.raw`), to be relayed.
 
     Raises:
         ProtocolError: the body is malformed.
@@ -353,6 +381,7 @@ def decode_infer_response(body: bytes, header_length: int | None = None) -> Infe
         raise ProtocolError("the response has no 'outputs' list")
     outputs: dict[str, Array] = {}
     offset = 0
+    binary_names: set[str] | None = set() if keep_raw else None
     for index, item in enumerate(raw_outputs):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
@@ -361,6 +390,8 @@ def decode_infer_response(body: bytes, header_length: int | None = None) -> Infe
         shape = check_shape(item.get("shape"), where)
         size = _parameters(item.get("parameters"), where).get("binary_data_size")
         if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
             outputs[item["name"]] = array_from_bytes(
                 binary[offset : offset + size], datatype, shape, where
             )
@@ -369,10 +400,18 @@ def decode_infer_response(body: bytes, header_length: int | None = None) -> Infe
             outputs[item["name"]] = _json_data(
                 item.get("data"), datatype, shape, where, finite=False
             )
+            binary_names = None  # a JSON output: never relayed (it may hold NaN tokens)
+        if binary_names is not None and size is not None:
+            binary_names.add(item["name"])
+    if offset != len(binary):
+        binary_names = None  # bytes that no output claims: read, never passed on
     return InferResponse(
         model_name=str(document.get("model_name", "")),
         model_version=str(document.get("model_version", "")),
         outputs=outputs,
         id=str(document.get("id", "")),
         parameters=_parameters(document.get("parameters"), "response"),
+        raw=None
+        if binary_names is None
+        else RawAnswer(body, header_length, frozenset(binary_names)),
     )

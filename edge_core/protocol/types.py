@@ -21,6 +21,8 @@ from edge_core.tensors import DATATYPES, numpy_dtype
 __all__ = [
     "InferRequest",
     "InferResponse",
+    "RawAnswer",
+    "RawRequest",
     "RequestedOutput",
     "array_from_bytes",
     "array_to_bytes",
@@ -42,13 +44,35 @@ class RequestedOutput:
     binary_data: bool | None = None  # REST: None = as the request's binary_data_output says
 
 
+@dataclass(frozen=True)
+class RawRequest:
+    """A REST request as its client sent it, every input in binary: its JSON document
+    and the tensor bytes after it. A gateway forwards these to an HTTP engine as they
+    are (the document's ``parameters`` replaced), without encoding the tensors again."""
+
+    document: dict[str, Any]
+    binary: memoryview
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """A REST answer as an engine sent it: the body, where its JSON ends (``None``:
+    all JSON) and which outputs it carries as binary data. A gateway relays it as it
+    is when it is what its own client asked for."""
+
+    body: bytes
+    header_length: int | None
+    binary: frozenset[str]
+
+
 @dataclass
 class InferRequest:
     """One inference request.
 
     ``inputs`` maps names to arrays of the datatypes in ``datatypes``.
     ``outputs`` is ``None`` for "all outputs". ``model_version`` is ``""`` for
-    the newest. ``timeout_us`` is the protocol's ``timeout`` parameter.
+    the newest. ``timeout_us`` is the protocol's ``timeout`` parameter. ``raw``: the
+    body as it came, when the server that decoded it asked to keep it.
     """
 
     inputs: dict[str, Array]
@@ -59,6 +83,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     binary_output: bool = False
+    raw: RawRequest | None = field(default=None, repr=False, compare=False)
 
     @property
     def timeout_us(self) -> int | None:
@@ -79,11 +104,15 @@ class InferRequest:
 
 @dataclass
 class InferResponse:
+    """One inference answer; ``raw``: the engine's body, when it is to be relayed as it
+    is (set only where the outputs are exactly the ones it holds)."""
+
     model_name: str
     model_version: str
     outputs: dict[str, Array]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    raw: RawAnswer | None = field(default=None, repr=False, compare=False)
 
 
 def parse_length(text: str, what: str) -> int:
