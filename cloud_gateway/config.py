@@ -36,8 +36,9 @@ A TOML file (every field optional; command-line flags override it)::
     max_batch_size = 32
     max_queue_delay_us = 0           # added wait for a fuller batch (0: none)
     preferred_batch_sizes = []
-    busy_delay_us = 0                # a wait only while busy: the last batch held several
-                                     # requests; it ends once the batch is as full
+    busy_delay_us = 0                # a wait only while congested: the last batch held
+                                     # several requests and this one came while a batch
+                                     # ran; it ends once the batch is as full
 
     [models.digits-heavy.batching]   # per model
     max_batch_size = 64

@@ -18,8 +18,14 @@ from edge_core.errors import ConfigError, DeadlineExceeded, Unavailable
 CONFIG = BatchingSettings(max_batch_size=8, max_queue_delay_us=1000)
 
 
-def q(rows: int = 1, at: float = 0.0, key: str = "a", deadline: float | None = None) -> Queued:
-    return Queued(rows=rows, key=key, enqueued=at, deadline=deadline)
+def q(
+    rows: int = 1,
+    at: float = 0.0,
+    key: str = "a",
+    deadline: float | None = None,
+    behind: bool = True,  # it came while a batch of the model was out
+) -> Queued:
+    return Queued(rows=rows, key=key, enqueued=at, deadline=deadline, behind=behind)
 
 
 def test_empty_queue_sleeps() -> None:
@@ -93,6 +99,13 @@ def test_busy_delay_never_holds_a_lone_client() -> None:
     assert plan_batch([q()], 0.0, BUSY, last=(2, 2)).take == []  # two clients: it waits
 
 
+def test_busy_delay_never_holds_a_request_that_found_the_model_idle() -> None:
+    # the last batch held 4, but this request came when nothing of the model was out:
+    # traffic at random, not clients waiting on each other's batch
+    assert plan_batch([q(behind=False)], 0.0, BUSY, last=(4, 5)).take == [0]
+    assert plan_batch([q(behind=False), q()], 0.0, BUSY, last=(4, 5)).take == [0, 1]
+
+
 def test_busy_delay_stops_at_a_full_batch() -> None:
     # the last batch was larger than max_batch_size allows now: a full one goes
     queue = [q(rows=4), q(rows=4)]
@@ -149,32 +162,45 @@ def test_concurrent_requests_share_one_batch() -> None:
 
 
 def test_busy_delay_gathers_concurrent_clients_and_spares_a_lone_one() -> None:
-    model = FakeModel()
+    model = FakeModel(delay=0.05)
     config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0, busy_delay_us=300_000)
 
     def x(i: int) -> dict[str, np.ndarray]:
         return {"x": np.full((1, 2), i, np.float32)}
 
-    async def main() -> list[float]:
+    async def main() -> tuple[float, float]:
         with ThreadPoolExecutor(1) as pool:
             batcher = DynamicBatcher(model, config, pool)
-            await asyncio.gather(*(batcher.submit(x(i)) for i in range(3)))  # at once: 3
-            # three clients again, one late: the first two wait for it
-            first = asyncio.gather(batcher.submit(x(0)), batcher.submit(x(1)))
-            await asyncio.sleep(0.02)
-            await asyncio.gather(first, batcher.submit(x(2)))
-            times = []
-            for i in range(2):  # then one client: it waits once (the last batch had 3)
-                started = time.monotonic()
-                await batcher.submit(x(i))
-                times.append(time.monotonic() - started)
-            await batcher.close()
-            return times
 
-    lone_waited, lone_alone = run(main())
-    assert model.batches == [3, 3, 1, 1]
-    assert lone_waited >= 0.25
-    assert lone_alone < 0.2  # its last batch was itself: no wait
+            def three() -> asyncio.Future[list[dict[str, np.ndarray]]]:
+                return asyncio.gather(*(batcher.submit(x(i)) for i in range(3)))
+
+            await three()  # at once: 3
+            # one that finds the model idle goes at once, though the last batch had 3
+            started = time.monotonic()
+            await batcher.submit(x(0))
+            idle = time.monotonic() - started
+            await three()
+            # three clients again while a batch of three runs, one late: the two wait
+            running = three()
+            await asyncio.sleep(0.01)
+            behind = asyncio.gather(batcher.submit(x(0)), batcher.submit(x(1)))
+            await asyncio.sleep(0.08)
+            await asyncio.gather(running, behind, batcher.submit(x(2)))
+            # one behind a batch of three, alone: it waits for the others, then goes
+            running = three()
+            await asyncio.sleep(0.01)
+            started = time.monotonic()
+            await batcher.submit(x(0))
+            waited = time.monotonic() - started
+            await running
+            await batcher.close()
+            return idle, waited
+
+    idle, waited = run(main())
+    assert model.batches == [3, 1, 3, 3, 3, 3, 1]
+    assert idle < 0.2
+    assert waited >= 0.25
 
 
 def test_idle_models_leave_the_shared_slots_to_busy_ones() -> None:

@@ -59,7 +59,7 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--busy-delay-us",
         type=int,
-        help="the gateway's busy_delay_us with batching on (default: 0; with --peers: 2000)",
+        help="the gateway's busy_delay_us with batching on (default: 0; with --peers: 20000)",
     )
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.add_argument(
@@ -95,7 +95,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.variant = args.variant or "onnx-fp32"
         args.concurrency = args.concurrency or "1,64"
         args.threads = args.threads or 1
-        args.busy_delay_us = 2000 if args.busy_delay_us is None else args.busy_delay_us
+        args.busy_delay_us = 20_000 if args.busy_delay_us is None else args.busy_delay_us
         return run_peers(args)
     from cloud_gateway.bench import run_from_args
 
