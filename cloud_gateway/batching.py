@@ -166,8 +166,8 @@ class DynamicBatcher:
     that ran it hands the outputs back with one ``call_soon_threadsafe``, which
     answers the batch's requests and looks at the queue again. Measured against a
     batcher with a task that waited for work and a task per batch: one lone client's
-    request cost 48 against 145 µs of CPU on one core (the planner and the hop to the
-    thread included; a model that answers at once).
+    request cost 69-90 against 118-143 µs of CPU on one core (the planner and the hop
+    to the thread included; a model that answers at once).
 
     ``on_batch(rows, queue_seconds_list, compute_seconds)`` is called after each
     batch, for metrics. Up to ``max_inflight`` batches are out at once; batchers that
