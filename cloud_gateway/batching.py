@@ -288,14 +288,17 @@ class DynamicBatcher:
         self._out += 1
         try:
             self._executor.submit(self._run, batch)
-        except Exception as exc:  # the executor is shut down
-            self._finish(batch, exc)
+        except Exception as exc:  # the executor is shut down: this batch fails, not later ones
+            self._out -= 1
+            for item in batch:
+                self._resolve(item, exc)
+            self._slots.give_back()
         return True
 
     def _run(self, batch: list[_Item]) -> None:
         """In the executor's thread: run the batch (one by one if it fails as a whole,
         so that only the culprit fails), and hand the results back to the loop."""
-        result: Any
+        result: Any = Unavailable(f"model {self.name} stopped while it ran")
         try:
             names = list(batch[0].feed)
             if len(batch) == 1:
@@ -316,8 +319,9 @@ class DynamicBatcher:
                     exc,
                 )
                 result = [self._one(item) for item in batch]
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self._loop.call_soon_threadsafe(self._finish, batch, result)
+        finally:  # SystemExit or the like too: the batch is answered and its slot given back
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(self._finish, batch, result)
 
     def _one(self, item: _Item) -> dict[str, Array] | Exception:
         try:

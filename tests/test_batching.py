@@ -367,23 +367,50 @@ def test_a_shared_slot_goes_to_the_next_in_line() -> None:
     assert slow.batches == [1] and other.batches == [] and third.batches == [1]
 
 
-def test_a_shut_down_executor_fails_the_batch_and_frees_its_slot() -> None:
+def test_a_shut_down_executor_fails_every_batch_and_frees_its_slot() -> None:
     model = FakeModel()
+    config = BatchingSettings(max_batch_size=1, max_queue_delay_us=0)
 
-    async def main() -> tuple[object, int]:
+    async def main() -> tuple[list[object], int]:
         pool = ThreadPoolExecutor(1)
         pool.shutdown()
         slots = BatchSlots(1)
-        batcher = DynamicBatcher(model, CONFIG, pool, slots=slots)
-        failed = await asyncio.gather(
-            batcher.submit({"x": np.ones((1, 1), np.float32)}), return_exceptions=True
+        batcher = DynamicBatcher(model, config, pool, slots=slots)
+        # many batches at once: each fails in turn (no recursion, none left waiting)
+        failed = await asyncio.wait_for(
+            asyncio.gather(
+                *(batcher.submit({"x": np.ones((1, 1), np.float32)}) for _ in range(400)),
+                return_exceptions=True,
+            ),
+            timeout=10,
         )
         await batcher.close()
-        return failed[0], slots.taken
+        return failed, slots.taken
 
     failed, taken = run(main())
-    assert isinstance(failed, RuntimeError) and taken == 0
-    assert model.batches == []
+    assert len(failed) == 400 and all(isinstance(f, RuntimeError) for f in failed)
+    assert taken == 0 and model.batches == []
+
+
+def test_a_runner_that_raises_systemexit_fails_its_batch_and_frees_its_slot() -> None:
+    def leaving(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise SystemExit(3)
+
+    async def main() -> tuple[object, int]:
+        slots = BatchSlots(1)
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(leaving, CONFIG, pool, slots=slots)
+            outcome = await asyncio.wait_for(
+                asyncio.gather(
+                    batcher.submit({"x": np.ones((1, 1), np.float32)}), return_exceptions=True
+                ),
+                timeout=5,
+            )
+            await asyncio.wait_for(batcher.close(), timeout=5)
+        return outcome[0], slots.taken
+
+    failed, taken = run(main())
+    assert isinstance(failed, Unavailable) and taken == 0
 
 
 def test_a_planning_bug_fails_the_queue_instead_of_leaving_it_waiting(

@@ -375,7 +375,8 @@ def test_binary_tensors_pass_through_to_an_http_engine(
         np.testing.assert_allclose(http_infer(front, x), expected, atol=1e-5)
         assert forwarded == [x.tobytes()]  # the very bytes the device sent
         assert encoded == ["output"]  # the engine's own answer; the front relayed it
-        # outputs asked for as JSON: the engine answers JSON, which is never relayed
+        # outputs asked for as JSON: the engine is still asked for binary (cheaper to
+        # read), and the front encodes the JSON the device wants
         client = thttp.InferenceServerClient(front.http_url)
         tensor = thttp.InferInput("pixels", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)

@@ -230,26 +230,43 @@ def test_a_binary_request_is_kept_as_it_came_only_when_asked() -> None:
     # an input in JSON: not kept (an engine would read JSON where binary was meant)
     json_body, _ = encode_infer_request(sample_request(), binary=False)
     assert decode_infer_request(json_body, None, keep_raw=True).raw is None
+    # nor one whose binary_data_size is null (read from its data, as JSON)
+    document = json.loads(json_body)
+    document["inputs"][0]["parameters"] = {"binary_data_size": None}
+    assert decode_infer_request(json.dumps(document).encode(), None, keep_raw=True).raw is None
 
 
-def test_a_kept_request_goes_on_with_its_bytes_and_new_parameters() -> None:
+def test_a_kept_request_goes_on_with_its_bytes_and_only_what_was_checked() -> None:
     request = sample_request()
-    request.outputs = [RequestedOutput("scores", binary_data=True)]
+    request.outputs = [RequestedOutput("scores", binary_data=False)]
     body, length = encode_infer_request(request)
     document = json.loads(body[:length])
     document["extra"] = "not part of the protocol"
+    # what the gateway never checked does not reach the engine (Triton would read it)
+    document["inputs"][0]["parameters"]["shared_memory_region"] = "someone-else's"
+    document["outputs"][0]["parameters"]["shared_memory_region"] = "someone-else's"
     header = json.dumps(document).encode()
     kept = decode_infer_request(header + body[length:], len(header), keep_raw=True)
-    assert kept.raw is not None
-    parts, header_length = forward_infer_request(kept.raw, {"timeout": 900})
+    parts, header_length = forward_infer_request(kept, {"timeout": 900})
     sent = b"".join(parts)
     assert sent[header_length:] == body[length:]  # the tensor bytes, untouched
+    assert b"shared_memory" not in sent[:header_length] and b"extra" not in sent
     again = decode_infer_request(sent, header_length)
     assert again.parameters == {"timeout": 900}  # the caller's, not the device's 5000
-    assert again.id == "req-1" and [o.name for o in again.outputs or []] == ["scores"]
-    assert "extra" not in json.loads(sent[:header_length])
+    assert again.id == "req-1"
+    # the engine is asked for binary outputs whatever the device wants: the gateway
+    # encodes JSON itself, and relays only what is in the form asked
+    assert [(o.name, o.binary_data) for o in again.outputs or []] == [("scores", True)]
     for name, array in request.inputs.items():
         np.testing.assert_array_equal(again.inputs[name], array)
+    request.outputs = None
+    body, length = encode_infer_request(request)
+    parts, header_length = forward_infer_request(
+        decode_infer_request(body, length, keep_raw=True), {}
+    )
+    assert decode_infer_request(b"".join(parts), header_length).binary_output is True
+    with pytest.raises(ValueError, match="keep_raw"):
+        forward_infer_request(decode_infer_request(body, length), {})
 
 
 def answer(binary: bool) -> tuple[bytes, int | None]:
@@ -283,3 +300,22 @@ def test_only_whole_binary_answers_are_kept_for_relaying() -> None:
     header = json.dumps(document).encode()
     with pytest.raises(ProtocolError, match="binary_data_size"):
         decode_infer_response(header + body[length:], len(header), keep_raw=True)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.update(parameters={"sequence_id": 7}),  # what the gateway would drop
+        lambda d: d.update(id=17),  # an id that is not a string
+        lambda d: d["outputs"][0].update(data=[1, 2]),  # more than the binary entry
+        lambda d: d["outputs"].append(dict(d["outputs"][0])),  # the same output twice
+    ],
+)
+def test_an_answer_with_more_than_the_gateway_would_write_is_not_relayed(change) -> None:  # type: ignore[no-untyped-def]
+    body, length = answer(binary=True)
+    assert length is not None
+    document = json.loads(body[:length])
+    change(document)
+    header = json.dumps(document).encode()
+    blob = body[length:] * len(document["outputs"])
+    assert decode_infer_response(header + blob, len(header), keep_raw=True).raw is None

@@ -319,7 +319,7 @@ class HttpEngine(Engine):
         header_length: int | None
         if request.raw is not None and self.binary:
             # a device's binary request: its tensor bytes go on as they came
-            body, header_length = forward_infer_request(request.raw, parameters)
+            body, header_length = forward_infer_request(request, parameters)
         else:
             request = replace(request, parameters=parameters)
             body, header_length = encode_infer_request(request, binary=self.binary)

@@ -132,7 +132,7 @@ class Client:
         method: str,
         path: str,
         *,
-        body: bytes | Sequence[bytes | memoryview] = b"",
+        body: bytes | memoryview | Sequence[bytes | memoryview] = b"",
         headers: dict[str, str] | None = None,
         timeout: float,
     ) -> Answer:
@@ -142,11 +142,12 @@ class Client:
         Raises:
             Unreachable, TimedOut, Malformed.
         """
-        parts = (body,) if isinstance(body, bytes) else tuple(body)
+        parts = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else tuple(body)
+        size = sum(memoryview(part).nbytes for part in parts)
         head = (
             f"{method} {self.prefix}{path} HTTP/1.1\r\n{self.fixed}"
             + "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-            + f"Content-Length: {sum(len(part) for part in parts)}\r\n\r\n"
+            + f"Content-Length: {size}\r\n\r\n"
         ).encode("latin-1")
         try:
             async with self._slots:

@@ -177,6 +177,7 @@ def decode_infer_request(
         raise ProtocolError("'inputs' must be a non-empty list")
     inputs: dict[str, Array] = {}
     datatypes: dict[str, str] = {}
+    kept: list[dict[str, Any]] | None = [] if keep_raw else None  # the checked entries
     offset = 0
     for index, item in enumerate(raw_inputs):
         where = f"inputs[{index}]"
@@ -202,8 +203,12 @@ def decode_infer_request(
                 )
             inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, where)
             offset += size
+            if kept is not None:
+                entry = {"name": name, "datatype": datatype, "shape": shape}
+                kept.append({**entry, "parameters": {"binary_data_size": size}})
         elif "data" in item:
             inputs[name] = _json_data(item["data"], datatype, shape, where)
+            kept = None  # an input in JSON: the request is not kept
         else:
             raise ProtocolError(f"{where} has neither 'data' nor 'binary_data_size'")
         datatypes[name] = datatype
@@ -211,7 +216,6 @@ def decode_infer_request(
         raise ProtocolError(
             f"the body has {len(binary) - offset} bytes of binary data that no input claims"
         )
-    all_binary = all("binary_data_size" in (item.get("parameters") or {}) for item in raw_inputs)
     outputs = _requested_outputs(document.get("outputs"))
     parameters = _parameters(document.get("parameters"), "request")
     request_id = document.get("id", "")
@@ -227,7 +231,7 @@ def decode_infer_request(
         outputs=outputs,
         parameters=parameters,
         binary_output=binary_output,
-        raw=RawRequest(document, binary) if keep_raw and all_binary else None,
+        raw=None if kept is None else RawRequest(tuple(kept), binary),
     )
     _ = request.timeout_us  # validated here, used by the data plane
     return request
@@ -307,7 +311,7 @@ def encode_infer_response(
             if (o.binary_data if o.binary_data is not None else request.binary_output)
         }
     raw = response.raw
-    if raw is not None and raw.binary == binary_names:
+    if raw is not None and raw.binary == binary_names == response.outputs.keys():
         return raw.body, raw.header_length  # an engine's answer in the form asked: as it is
     entries, blobs = _tensors(response.outputs, {}, lambda name: name in binary_names, "output")
     document: dict[str, Any] = {
@@ -352,17 +356,44 @@ def encode_infer_request(request: InferRequest, *, binary: bool = True) -> tuple
 
 
 def forward_infer_request(
-    raw: RawRequest, parameters: dict[str, Any]
+    request: InferRequest, parameters: dict[str, Any]
 ) -> tuple[tuple[bytes | memoryview, ...], int]:
     """A request kept as it came (:attr:`InferRequest.raw`), to be sent on with
-    ``parameters`` instead of its own: the parts of the body, and the JSON header's
-    length. Only the header is written again; the tensor bytes go as they came."""
-    kept = ("id", "inputs", "outputs")
-    document = {key: raw.document[key] for key in kept if key in raw.document}
-    if parameters:
-        document["parameters"] = parameters
+    ``parameters``: the parts of the body, and the JSON header's length. Only the
+    header is written again, from what was checked (the inputs' entries, the outputs
+    asked for, the id), every output asked for as binary data; the tensor bytes go as
+    they came.
+
+    Raises:
+        ValueError: ``request`` was not kept.
+    """
+    raw = request.raw
+    if raw is None:
+        raise ValueError("a request decoded without keep_raw")
+    document: dict[str, Any] = {"inputs": list(raw.inputs)}
+    if request.id:
+        document["id"] = request.id
+    parameters = dict(parameters)
+    if request.outputs is not None:
+        document["outputs"] = [
+            {"name": o.name, "parameters": {"binary_data": True}} for o in request.outputs
+        ]
+    else:
+        parameters["binary_data_output"] = True
+    document["parameters"] = parameters
     header = json.dumps(document, separators=(",", ":")).encode()
     return (header, raw.binary), len(header)
+
+
+_ANSWER_KEYS = frozenset({"model_name", "model_version", "id", "outputs"})
+_OUTPUT_KEYS = frozenset({"name", "datatype", "shape", "parameters"})
+
+
+def _plain(document: dict[str, Any]) -> bool:
+    """An answer's top level holds only what this module's own answers hold, as strings."""
+    return set(document) <= _ANSWER_KEYS and all(
+        isinstance(document.get(key, ""), str) for key in ("model_name", "model_version", "id")
+    )
 
 
 def decode_infer_response(
@@ -381,7 +412,8 @@ def decode_infer_response(
         raise ProtocolError("the response has no 'outputs' list")
     outputs: dict[str, Array] = {}
     offset = 0
-    binary_names: set[str] | None = set() if keep_raw else None
+    # relayed only when it holds nothing the gateway would not write itself
+    binary_names: set[str] | None = set() if keep_raw and _plain(document) else None
     for index, item in enumerate(raw_outputs):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
@@ -401,8 +433,14 @@ def decode_infer_response(
                 item.get("data"), datatype, shape, where, finite=False
             )
             binary_names = None  # a JSON output: never relayed (it may hold NaN tokens)
-        if binary_names is not None and size is not None:
-            binary_names.add(item["name"])
+        if binary_names is not None:
+            plain = set(item) <= _OUTPUT_KEYS and item.get("parameters") == {
+                "binary_data_size": size
+            }
+            if not plain or item["name"] in binary_names:
+                binary_names = None
+            else:
+                binary_names.add(item["name"])
     if offset != len(binary):
         binary_names = None  # bytes that no output claims: read, never passed on
     return InferResponse(

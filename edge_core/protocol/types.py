@@ -46,11 +46,12 @@ class RequestedOutput:
 
 @dataclass(frozen=True)
 class RawRequest:
-    """A REST request as its client sent it, every input in binary: its JSON document
-    and the tensor bytes after it. A gateway forwards these to an HTTP engine as they
-    are (the document's ``parameters`` replaced), without encoding the tensors again."""
+    """A REST request's inputs, every one binary data, as its client sent them: each
+    input's checked entry of the JSON header (name, datatype, shape, byte count; nothing
+    else the client wrote) and the tensor bytes after the header. A gateway forwards
+    these to an HTTP engine without encoding the tensors again."""
 
-    document: dict[str, Any]
+    inputs: tuple[dict[str, Any], ...]
     binary: memoryview
 
 
