@@ -14,9 +14,10 @@ The workflow, for each ``[[backends]]`` entry:
 3. a request is forwarded as it came (its outputs, parameters and id; to an HTTP
    engine, a device's binary tensors as the very bytes it sent under a header
    written again from what was checked, and the engine's binary answer relayed as
-   it is when it is what the gateway would answer), on the event loop, with at most ``max_in_flight`` out at once; it waits for a
-   place within its deadline. The gateway never batches these models: the
-   engine has its own batcher, and two in a row only add their delays;
+   it is when it is what the gateway would answer), on the event loop, with at
+   most ``max_in_flight`` out at once; it waits for a place within its deadline.
+   The gateway never batches these models: the engine has its own batcher, and
+   two in a row only add their delays;
 4. an engine that stops answering (a failed health check, or a request that
    could not reach it) makes its models unready at once: a request for one is
    answered 503 without waiting for a connection, the gateway's readiness says
