@@ -235,6 +235,9 @@ class BackendSettings:
     health_interval_s: float = 1.0
     token_file: Path | None = None
     tls: TLSSettings | None = None
+    # a device's request parameters sent on to the engine (the gateway sets the deadline
+    # itself); none by default: the engine trusts the gateway, not every device
+    forward_parameters: tuple[str, ...] = ()
 
 
 _SCHEMES = {"grpc": ("grpc", False), "grpcs": ("grpc", True), "http": ("http", False)}
@@ -274,6 +277,7 @@ def _backend(b: Fields, resolve: Callable[[str], Path]) -> BackendSettings:
         health_interval_s=b.number("health_interval_s", default.health_interval_s, minimum=0.05),
         token_file=resolve(token_file) if token_file else None,
         tls=tls,
+        forward_parameters=tuple(b.str_list("forward_parameters", [])),
     )
     b.done()
     return settings

@@ -91,6 +91,7 @@ def test_backends_are_read_from_the_configuration(tmp_path: Path) -> None:
         'repository = "models"\n'
         '[[backends]]\nurl = "grpc://engine:8001"\nmodels = ["digits-heavy"]\nmax_in_flight = 8\n'
         '[[backends]]\nurl = "https://triton.example/"\nname = "triton"\ntimeout_s = 5\n'
+        'forward_parameters = ["sequence_id"]\n'
     )
     config = load_config(path)
     first, second = config.backends
@@ -107,6 +108,7 @@ def test_backends_are_read_from_the_configuration(tmp_path: Path) -> None:
         None,
     )
     assert second.tls is not None  # https: the system's CAs
+    assert (first.forward_parameters, second.forward_parameters) == ((), ("sequence_id",))
 
 
 @pytest.mark.parametrize(
@@ -117,6 +119,11 @@ def test_backends_are_read_from_the_configuration(tmp_path: Path) -> None:
         ('url = "grpc://e:1"\nmax_in_flight = 0', "backends[0].max_in_flight", ">= 1"),
         ('url = "grpc://e:1"\nmax_inflight = 3', "backends[0].max_inflight", "max_in_flight"),
         ('url = "grpc://e:1"\n[backends.tls]\nca = "ca.pem"', "backends[0].tls", "grpcs://"),
+        (
+            'url = "grpc://e:1"\nforward_parameters = "all"',
+            "backends[0].forward_parameters",
+            "a list of strings",
+        ),
     ],
 )
 def test_a_wrong_backend_entry_fails_at_start(
@@ -409,3 +416,45 @@ def test_an_answer_is_relayed_only_when_it_says_what_the_gateway_would() -> None
     assert relayed("m", "1", "r") is None
     assert relayed("other", "3", "r") is None
     assert relayed("m", "3", "") is None
+
+
+def test_only_the_parameters_an_operator_lists_reach_the_engine() -> None:
+    """A device's request parameters (Triton reads ``priority``, ``sequence_id``; a custom
+    backend whatever it likes) go on only when the backend's entry names them."""
+    import asyncio
+
+    from cloud_gateway.remote.backend import RemoteBackend
+    from cloud_gateway.remote.engine import Engine
+    from edge_core.protocol.types import InferRequest, InferResponse
+
+    class Recording(Engine):
+        def __init__(self) -> None:
+            super().__init__(backend("grpc://e:1"), None)
+            self.sent: list[InferRequest] = []
+
+        async def ready(self) -> bool:
+            return True
+
+        async def index(self) -> list[dict[str, str]]:
+            return []
+
+        async def metadata(self, name: str, version: str) -> dict[str, object]:
+            return {}
+
+        async def infer(self, request: InferRequest, timeout: float) -> InferResponse:
+            self.sent.append(request)
+            return InferResponse(request.model_name, "1", {})
+
+    async def sent_with(listed: tuple[str, ...]) -> dict[str, object]:
+        engine = Recording()
+        remote = RemoteBackend(backend("grpc://e:1", forward_parameters=listed), engine=engine)
+        remote.up = True
+        request = InferRequest(
+            {}, {}, parameters={"priority": 1, "sequence_id": 5, "timeout": 9_000_000}
+        )
+        await remote.forward(request, "m", "", deadline=None)
+        return engine.sent[0].parameters
+
+    assert asyncio.run(sent_with(())) == {}
+    # the deadline is the gateway's own, never the device's parameter
+    assert asyncio.run(sent_with(("sequence_id", "timeout"))) == {"sequence_id": 5}

@@ -11,7 +11,8 @@ The workflow, for each ``[[backends]]`` entry:
    ``forward`` coroutine, so the data plane treats them like its own models:
    the device's token, group, rate limit, the request's checks against the
    model's metadata, its deadline and metrics stay the gateway's;
-3. a request is forwarded as it came (its outputs, parameters and id; to an HTTP
+3. a request is forwarded as it came (its outputs and id, and of its parameters
+   those the entry's ``forward_parameters`` names: none by default; to an HTTP
    engine, a device's binary tensors as the very bytes it sent under a header
    written again from what was checked, and the engine's binary answer relayed as
    it is when it is what the gateway would answer), on the event loop, with at
@@ -253,6 +254,7 @@ class RemoteBackend:
             raise EngineUnavailable(f"model {name}: engine {self.name} is down ({self.reason})")
         if deadline is None:
             deadline = self._clock() + self.settings.timeout_s
+        forwarded = self.settings.forward_parameters
         slots = self._in_flight()
         if slots.locked():
             # give up a little before the deadline, for the 503 to reach the caller in time
@@ -281,7 +283,9 @@ class RemoteBackend:
                 model_version=version,
                 id=request.id,
                 outputs=request.outputs,
-                parameters={k: v for k, v in request.parameters.items() if k != "timeout"},
+                parameters={
+                    k: v for k, v in request.parameters.items() if k in forwarded and k != "timeout"
+                },
                 raw=request.raw,
             )
             try:

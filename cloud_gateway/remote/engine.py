@@ -49,7 +49,7 @@ from edge_core.errors import (
     ProtocolError,
     RequestError,
 )
-from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import InferRequest, InferResponse, RequestedOutput
 from edge_core.tls import client_context, grpc_credentials
 
 __all__ = ["Engine", "EngineUnreachable", "GrpcEngine", "HttpEngine", "make_engine"]
@@ -321,7 +321,10 @@ class HttpEngine(Engine):
             # a device's binary request: its tensor bytes go on as they came
             body, header_length = forward_infer_request(request, parameters)
         else:
-            request = replace(request, parameters=parameters)
+            outputs = request.outputs
+            if self.binary and outputs is not None:  # binary answers: less to read here
+                outputs = [RequestedOutput(o.name, True) for o in outputs]
+            request = replace(request, parameters=parameters, outputs=outputs)
             body, header_length = encode_infer_request(request, binary=self.binary)
         headers = {"Content-Type": "application/json"}
         if header_length is not None:
