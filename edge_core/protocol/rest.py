@@ -177,7 +177,7 @@ def decode_infer_request(
         raise ProtocolError("'inputs' must be a non-empty list")
     inputs: dict[str, Array] = {}
     datatypes: dict[str, str] = {}
-    kept: list[dict[str, Any]] | None = [] if keep_raw else None  # the checked entries
+    sizes: list[int] | None = [] if keep_raw else None  # each input's bytes, while all binary
     offset = 0
     for index, item in enumerate(raw_inputs):
         where = f"inputs[{index}]"
@@ -203,12 +203,11 @@ def decode_infer_request(
                 )
             inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, where)
             offset += size
-            if kept is not None:
-                entry = {"name": name, "datatype": datatype, "shape": shape}
-                kept.append({**entry, "parameters": {"binary_data_size": size}})
+            if sizes is not None:
+                sizes.append(size)
         elif "data" in item:
             inputs[name] = _json_data(item["data"], datatype, shape, where)
-            kept = None  # an input in JSON: the request is not kept
+            sizes = None  # an input in JSON: the request is not kept
         else:
             raise ProtocolError(f"{where} has neither 'data' nor 'binary_data_size'")
         datatypes[name] = datatype
@@ -231,7 +230,7 @@ def decode_infer_request(
         outputs=outputs,
         parameters=parameters,
         binary_output=binary_output,
-        raw=None if kept is None else RawRequest(tuple(kept), binary),
+        raw=None if sizes is None else RawRequest(tuple(sizes), binary),
     )
     _ = request.timeout_us  # validated here, used by the data plane
     return request
@@ -360,9 +359,9 @@ def forward_infer_request(
 ) -> tuple[tuple[bytes | memoryview, ...], int]:
     """A request kept as it came (:attr:`InferRequest.raw`), to be sent on with
     ``parameters``: the parts of the body, and the JSON header's length. Only the
-    header is written again, from what was checked (the inputs' entries, the outputs
-    asked for, the id), every output asked for as binary data; the tensor bytes go as
-    they came.
+    header is written again, from what was checked (each input's name, datatype,
+    shape and byte count, the outputs asked for, the id), every output asked for as
+    binary data; the tensor bytes go as they came.
 
     Raises:
         ValueError: ``request`` was not kept.
@@ -370,7 +369,16 @@ def forward_infer_request(
     raw = request.raw
     if raw is None:
         raise ValueError("a request decoded without keep_raw")
-    document: dict[str, Any] = {"inputs": list(raw.inputs)}
+    inputs = [
+        {
+            "name": name,
+            "datatype": request.datatypes[name],
+            "shape": list(array.shape),
+            "parameters": {"binary_data_size": size},
+        }
+        for (name, array), size in zip(request.inputs.items(), raw.sizes, strict=True)
+    ]
+    document: dict[str, Any] = {"inputs": inputs}
     if request.id:
         document["id"] = request.id
     parameters = dict(parameters)

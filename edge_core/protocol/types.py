@@ -46,12 +46,12 @@ class RequestedOutput:
 
 @dataclass(frozen=True)
 class RawRequest:
-    """A REST request's inputs, every one binary data, as its client sent them: each
-    input's checked entry of the JSON header (name, datatype, shape, byte count; nothing
-    else the client wrote) and the tensor bytes after the header. A gateway forwards
-    these to an HTTP engine without encoding the tensors again."""
+    """A REST request's inputs, every one binary data, as its client sent them: the
+    byte count of each input (in the order of :attr:`InferRequest.inputs`) and the
+    tensor bytes after the JSON header. A gateway forwards these to an HTTP engine
+    without encoding the tensors again; the header it writes from what it checked."""
 
-    inputs: tuple[dict[str, Any], ...]
+    sizes: tuple[int, ...]
     binary: memoryview
 
 
