@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "edge-inference-gateway"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy"]
+# gRPC's own timer ends a call at about the deadline this data plane computed from it
+CANCEL_SLACK_S = 0.005
 
 Array = np.ndarray[Any, Any]
 T = TypeVar("T")
@@ -367,6 +369,15 @@ class DataPlane:
                 id=request.id,
                 raw=raw,
             )
+        except asyncio.CancelledError:
+            # the front end gave up on it (gRPC ends a call at its deadline, or when
+            # the client cancels): counted all the same, under what ended it
+            late = deadline is not None and self._clock() >= deadline - CANCEL_SLACK_S
+            kind = "deadline_exceeded" if late else "cancelled"
+            label = model_label or self.label(request.model_name)
+            self.metrics.requests.labels(label, protocol, kind).inc()
+            self.metrics.failures.labels(label, protocol, kind).inc()
+            raise
         except Exception as exc:
             status = status_of(exc)
             if model_label is None:

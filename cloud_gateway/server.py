@@ -249,6 +249,10 @@ class Gateway:
                 timeout_keep_alive=math.ceil(limits.keep_alive_timeout_s),  # ours applies
                 log_level="warning",
                 access_log=False,
+                # nothing here reads a client's address or scheme; uvicorn's default
+                # rewrites both from X-Forwarded-* sent by any loopback peer (HAProxy on
+                # the host passes the clients' own), and costs ~15 us a request
+                proxy_headers=False,
                 lifespan="off",
                 timeout_graceful_shutdown=5,
                 **tls_kwargs,

@@ -438,6 +438,49 @@ def test_a_requests_deadline_is_kept(tmp_path: Path) -> None:
         handle.thread.stop()
 
 
+def test_a_grpc_call_ended_early_is_counted(tmp_path: Path) -> None:
+    """gRPC ends a call at its deadline, or when the client cancels it, by cancelling
+    the handler (whichever of that and the data plane's own deadline comes first):
+    each request is counted all the same, under what ended it."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from edge_core.protocol.grpc import request_to_proto
+    from edge_core.protocol.types import InferRequest
+
+    handle = start_gateway(
+        tmp_path, small_repository(tmp_path), backend=SlowBackend(0.5), poll_interval_s=0.0
+    )
+    x = heldout(1)
+    request = request_to_proto(
+        InferRequest(inputs={"pixels": x}, datatypes={"pixels": "FP32"}, model_name="digits-light")
+    )
+    channel = grpc.insecure_channel(handle.grpc_url)
+    infer = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=pb.ModelInferRequest.SerializeToString,
+        response_deserializer=pb.ModelInferResponse.FromString,
+    )
+    metadata = tuple(handle.headers().items())
+    try:
+        for _ in range(3):  # past the deadline while the model runs
+            with pytest.raises(grpc.RpcError) as info:
+                infer(request, timeout=0.1, metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        call = infer.future(request, timeout=5, metadata=metadata)  # given up on at once
+        time.sleep(0.1)
+        assert call.cancel()
+
+        def counted(status: str) -> float:
+            return metric(handle, "gateway_requests_total", protocol="grpc", status=status)
+
+        wait_for(lambda: counted("deadline_exceeded") == 3 and counted("cancelled") == 1)
+        assert metric(handle, "gateway_requests_total", protocol="grpc") == 4
+        assert metric(handle, "gateway_request_failures_total", status="cancelled") == 1
+    finally:
+        channel.close()
+        handle.thread.stop()
+
+
 # -- the repository --------------------------------------------------------------------------------
 
 
