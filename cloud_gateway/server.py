@@ -49,9 +49,9 @@ from cloud_gateway.rest.connections import (
     ThrottleFilter,
     connection_cap,
     install_exhaustion_handler,
-    protocol_class,
     raise_descriptor_limit,
 )
+from cloud_gateway.rest.direct import direct_protocol_class
 from cloud_gateway.rest.infer import InferFront
 from cloud_gateway.state import StateDatabase, upgrade
 from edge_core.errors import ConfigError
@@ -244,7 +244,8 @@ class Gateway:
         self._http = uvicorn.Server(
             uvicorn.Config(
                 InferFront(self.app, self.plane),  # the inference route ahead of FastAPI
-                http=protocol_class(self.connections),
+                # inference requests answered on the connection (cloud_gateway.rest.direct)
+                http=direct_protocol_class(self.connections, self.plane),
                 ws="none",
                 timeout_keep_alive=math.ceil(limits.keep_alive_timeout_s),  # ours applies
                 log_level="warning",

@@ -9,12 +9,25 @@ from starlette.types import Receive
 from edge_core.errors import PayloadTooLarge
 from edge_core.protocol.types import parse_length
 
-__all__ = ["read_body", "receive_body"]
+__all__ = ["check_declared", "read_body", "receive_body"]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body of ``request`` (not read before), as :func:`receive_body` reads it."""
     return await receive_body(request.receive, request.headers.get("content-length"), limit)
+
+
+def check_declared(declared: str | None, limit: int) -> None:
+    """Refuse a body whose ``Content-Length`` (``declared``) passes ``limit`` bytes.
+
+    Raises:
+        ProtocolError: a malformed ``Content-Length`` (a 400).
+        PayloadTooLarge: more than ``limit`` bytes.
+    """
+    if declared is not None and parse_length(declared, "Content-Length") > limit:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+        )
 
 
 async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
@@ -27,10 +40,7 @@ async def receive_body(receive: Receive, declared: str | None, limit: int) -> by
         PayloadTooLarge: more than ``limit`` bytes.
         starlette.requests.ClientDisconnect: the client went away before the end.
     """
-    if declared is not None and parse_length(declared, "Content-Length") > limit:
-        raise PayloadTooLarge(
-            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
-        )
+    check_declared(declared, limit)
     chunks = []
     size = 0
     while True:

@@ -63,7 +63,6 @@ __all__ = [
     "connection_cap",
     "descriptor_limit",
     "install_exhaustion_handler",
-    "protocol_class",
     "raise_descriptor_limit",
 ]
 
@@ -240,7 +239,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline for each phase of a connection
     and a place among at most ``tracker.cap`` (see the module's docstring).
 
-    ``tracker`` is set on the subclass :func:`protocol_class` makes for one server.
+    ``tracker`` is set on the subclass
+    :func:`~cloud_gateway.rest.direct.direct_protocol_class` makes for one server.
     """
 
     tracker: ConnectionTracker
@@ -389,16 +389,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         if self.phase == ANSWERING and not self.pipeline:
             self._wait_for_request()
-
-
-def protocol_class(tracker: ConnectionTracker) -> type[GuardedHttpProtocol]:
-    """The protocol class to give uvicorn (``http=``) for connections counted by ``tracker``."""
-
-    class Protocol(GuardedHttpProtocol):
-        pass
-
-    Protocol.tracker = tracker
-    return Protocol
 
 
 class Listener(socket.socket):

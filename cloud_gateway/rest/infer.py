@@ -14,7 +14,10 @@ that route itself, with :func:`run_infer` (the same function the FastAPI route c
 so both give the same answers and errors) and Starlette's responses, and hands
 everything else, unchanged, to the application. The FastAPI route stays: it is what
 the OpenAPI document describes, and what an ASGI server given the bare application
-runs.
+runs. Most inference requests do not even reach :class:`InferFront`: the gateway's
+connections answer them as they are read (:mod:`cloud_gateway.rest.direct`), with
+:func:`authenticate_infer` and :func:`answer_infer`, the two halves of
+:func:`run_infer`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cloud_gateway.auth import parse_bearer
+from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.rest.body import receive_body
 from edge_core.errors import EdgeError, RequestError
@@ -35,7 +38,15 @@ from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_
 from edge_core.protocol.types import parse_length
 from edge_core.status import status_of
 
-__all__ = ["InferFront", "error_response", "run_infer"]
+__all__ = [
+    "InferFront",
+    "answer_infer",
+    "authenticate_infer",
+    "error_response",
+    "infer_route",
+    "respond",
+    "run_infer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +62,35 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": status.message}, status_code=status.http, headers=headers)
 
 
-async def run_infer(
-    plane: DataPlane,
-    headers: Mapping[str, str],
-    body: Callable[[], Awaitable[bytes]],
-    name: str,
-    version: str,
-) -> Response:
-    """One inference request: authenticate (before the body is read), read and decode
-    the body, run it on the data plane, encode the answer as the request asked.
-
-    ``headers`` is looked up with lower-case names.
+def authenticate_infer(plane: DataPlane, headers: Mapping[str, str], name: str) -> Device:
+    """The device an inference request is from, within its rate limit; a refusal is
+    counted. ``headers`` is looked up with lower-case names.
 
     Raises:
         RequestError or EdgeError: mapped to a status by the caller.
-        starlette.requests.ClientDisconnect: the client went away during its body.
     """
     try:
-        device = plane.authenticate(parse_bearer(headers.get("authorization")))
-        content = await body()
+        return plane.authenticate(parse_bearer(headers.get("authorization")))
+    except (RequestError, EdgeError) as exc:
+        plane.count_failure(name, "http", exc)
+        raise
+
+
+async def answer_infer(
+    plane: DataPlane,
+    device: Device,
+    headers: Mapping[str, str],
+    content: bytes,
+    name: str,
+    version: str,
+) -> Response:
+    """Decode ``content``, run it on the data plane, encode the answer as the request
+    asked.
+
+    Raises:
+        RequestError or EdgeError: mapped to a status by the caller.
+    """
+    try:
         header = headers.get(_LENGTH_KEY)
         length = None if header is None else parse_length(header, HEADER_LENGTH)
         # kept as it came: a model on an HTTP engine gets the device's tensor bytes as they are
@@ -91,6 +112,58 @@ async def run_infer(
     return Response(answer, media_type="application/octet-stream", headers=extra)
 
 
+async def run_infer(
+    plane: DataPlane,
+    headers: Mapping[str, str],
+    body: Callable[[], Awaitable[bytes]],
+    name: str,
+    version: str,
+) -> Response:
+    """One inference request: authenticate (before the body is read), read and decode
+    the body, run it on the data plane, encode the answer as the request asked.
+
+    ``headers`` is looked up with lower-case names.
+
+    Raises:
+        RequestError or EdgeError: mapped to a status by the caller.
+        starlette.requests.ClientDisconnect: the client went away during its body.
+    """
+    device = authenticate_infer(plane, headers, name)
+    try:
+        content = await body()
+    except (RequestError, EdgeError) as exc:
+        plane.count_failure(name, "http", exc)
+        raise
+    return await answer_infer(plane, device, headers, content, name, version)
+
+
+async def respond(path: str, call: Callable[[], Awaitable[Response]]) -> Response:
+    """``call``'s response, or the error response for what it raised (logged when it is
+    the gateway's fault).
+
+    Raises:
+        starlette.requests.ClientDisconnect: from ``call``.
+    """
+    try:
+        return await call()
+    except ClientDisconnect:
+        raise
+    except (RequestError, EdgeError) as exc:
+        if status_of(exc).http >= 500:
+            log.error("POST %s failed: %s", path, exc)
+        return error_response(exc)
+    except Exception:
+        log.exception("unexpected error on POST %s", path)
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
+
+def infer_route(path: str) -> tuple[str, str] | None:
+    """The model name and version (``""``: the default) of an inference route's path,
+    as Starlette's router matches it; ``None`` for any other path."""
+    match = _INFER_PATH.fullmatch(path)
+    return None if match is None else (match.group(1), match.group(2) or "")
+
+
 class InferFront:
     """An ASGI application: the inference route answered here, the rest by ``app``."""
 
@@ -100,30 +173,25 @@ class InferFront:
         self.limit = plane.config.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = None
+        route = None
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-        if match is None:
+            route = infer_route(scope["path"])
+        if route is None:
             await self.app(scope, receive, send)
             return
         # the first of a repeated header, as Starlette's Headers.get gives it
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
-        name, version = match.group(1), match.group(2) or ""
+        name, version = route
 
         def body() -> Awaitable[bytes]:
             return receive_body(receive, headers.get("content-length"), self.limit)
 
         try:
-            response = await run_infer(self.plane, headers, body, name, version)
+            response = await respond(
+                scope["path"], lambda: run_infer(self.plane, headers, body, name, version)
+            )
         except ClientDisconnect:
             self.plane.metrics.client_disconnects.labels("http").inc()
             log.debug("client went away during POST %s", scope["path"])
             return
-        except (RequestError, EdgeError) as exc:
-            if status_of(exc).http >= 500:
-                log.error("POST %s failed: %s", scope["path"], exc)
-            response = error_response(exc)
-        except Exception:
-            log.exception("unexpected error on POST %s", scope["path"])
-            response = JSONResponse({"error": "internal error"}, status_code=500)
         await response(scope, receive, send)
