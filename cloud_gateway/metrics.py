@@ -138,7 +138,7 @@ class GatewayMetrics:
         self.http_connections_closed = Counter(
             "gateway_http_connections_closed",
             "REST connections closed by the gateway, by reason (idle, header_timeout, "
-            "body_timeout, header_too_large, malformed, evicted, refused).",
+            "body_timeout, header_too_large, malformed, evicted, refused, stopping).",
             ["reason"],
             registry=r,
         )

@@ -4,8 +4,10 @@ requests it leaves to uvicorn's ASGI path."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +16,10 @@ import numpy as np
 import pytest
 
 import cloud_gateway.rest.infer as infer_module
+from cloud_gateway.config import ConnectionSettings
 from cloud_gateway.rest.direct import DirectInferProtocol
 
+from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, start_gateway
 from .test_gateway import direct, heldout, metric, small_repository
 
@@ -223,3 +227,97 @@ def test_a_client_gone_during_its_body_is_counted(handle: GatewayHandle) -> None
     while metric(handle, "gateway_client_disconnects_total", protocol="http") < 1:
         assert time.monotonic() < deadline, "not counted"
         time.sleep(0.05)
+
+
+# -- what an independent review found --------------------------------------------------------
+
+
+def test_a_gateway_fault_is_a_500_and_the_connection_closed(
+    handle: GatewayHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the client's fault: a 500 (never the parser's 400), at headers time or while
+    answering, and the connection closed, as uvicorn does for a failing application."""
+    plane = handle.gateway.plane
+    x = heldout(1)
+
+    def broken_registry(token: object) -> object:
+        raise RuntimeError("the state database is gone")
+
+    monkeypatch.setattr(plane.registry, "authenticate", broken_registry)
+    sock, reader = connect(handle)
+    with sock:
+        sock.sendall(request(handle, infer_body(x)))
+        status, headers, body = reader.answer()
+        assert (status, json.loads(body)) == (500, {"error": "internal error"})
+        assert headers["connection"] == "close" and reader.closed()
+    monkeypatch.undo()
+
+    async def cancelled(*args: object, **kwargs: object) -> object:
+        raise asyncio.CancelledError  # as a shutdown past its grace cancels the task
+
+    monkeypatch.setattr(plane, "infer", cancelled)
+    sock, reader = connect(handle)
+    with sock:
+        sock.sendall(request(handle, infer_body(x)))
+        assert reader.answer()[0] == 500 and reader.closed()
+
+
+def test_a_connection_whose_answers_back_up_goes_through_uvicorn(
+    handle: GatewayHandle, asgi_broken: None
+) -> None:
+    """Once a connection's writes are paused (its client reads no answers), its next
+    requests take uvicorn's cycle, which waits for the answers to drain, instead of
+    answers piling up in the gateway (here the ASGI path fails: a 500 says it took it)."""
+    body = request(handle, infer_body(heldout(1)))
+    sock, reader = connect(handle)
+    with sock:
+        sock.sendall(body)
+        assert reader.answer()[0] == 200
+        (connection,) = handle.gateway.connections._open
+        handle.thread.call(_paused(connection, True))  # as the transport's pause_writing()
+        sock.sendall(body)
+        assert reader.answer()[0] == 500
+        handle.thread.call(_paused(connection, False))
+        sock.sendall(body)
+        assert reader.answer()[0] == 200
+
+
+async def _paused(connection: DirectInferProtocol, paused: bool) -> None:
+    connection.flow.write_paused = paused
+
+
+def test_a_body_still_coming_at_shutdown_is_answered_503(tmp_path: Path) -> None:
+    gateway = start_gateway(tmp_path, small_repository(tmp_path), poll_interval_s=0.0)
+    sock, reader = connect(gateway)
+    with sock:
+        sock.sendall(request(gateway, infer_body(heldout(1)))[:-10])
+        time.sleep(0.2)
+        started = time.monotonic()
+        stopping = threading.Thread(target=gateway.thread.stop)
+        stopping.start()
+        status, _, body = reader.answer()
+        assert status == 503 and "stopping" in json.loads(body)["error"]
+        assert reader.closed()
+        stopping.join()
+        assert time.monotonic() - started < 4  # not held until the grace period ends
+
+
+def test_a_pipelined_request_being_answered_is_not_idle(tmp_path: Path) -> None:
+    """The guard: when the first answer is out and uvicorn starts the queued request,
+    the connection is answering, not waiting (its keep-alive timeout does not apply)."""
+    limits = ConnectionSettings(keep_alive_timeout_s=0.5)
+    gateway = start_gateway(
+        tmp_path,
+        small_repository(tmp_path),
+        backend=SlowBackend(0.8),
+        poll_interval_s=0.0,
+        connections=limits,
+    )
+    try:
+        x = heldout(2)
+        sock, reader = connect(gateway)
+        with sock:
+            sock.sendall(request(gateway, infer_body(x[:1])) + request(gateway, infer_body(x[1:])))
+            assert [reader.answer()[0], reader.answer()[0]] == [200, 200]
+    finally:
+        gateway.thread.stop()

@@ -382,12 +382,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._enter(ANSWERING)
 
     def on_response_complete(self) -> None:
+        queued = bool(self.pipeline)  # uvicorn starts the next one: it is being answered
         super().on_response_complete()
         if self.transport.is_closing():
             return
         # the deadline of the phase the client is in applies, not uvicorn's keep-alive
         self._unset_keepalive_if_required()
-        if self.phase == ANSWERING and not self.pipeline:
+        if self.phase == ANSWERING and not queued:
             self._wait_for_request()
 
 

@@ -26,11 +26,12 @@ pipelined behind it waits in uvicorn's queue until it is answered.
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
 from typing import Any
 
 import httptools
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from cloud_gateway.auth import Device
@@ -53,6 +54,8 @@ from edge_core.errors import EdgeError, PayloadTooLarge, RequestError
 
 __all__ = ["DirectInferProtocol", "direct_protocol_class"]
 
+log = logging.getLogger(__name__)
+
 
 class _Event:
     """What uvicorn's ``connection_lost`` sets on a cycle: nobody waits on it here."""
@@ -63,9 +66,14 @@ class _Event:
 
 class _Direct:
     """One request taken by :class:`DirectInferProtocol`: in the connection's ``cycle``
-    while it is answered, with the attributes uvicorn and the guard read there."""
+    while it is answered, with the attributes uvicorn and the guard read there.
+
+    uvicorn's own ``on_body`` and ``on_message_complete``, which write a cycle's
+    ``body`` and ``more_body``, never see one: the protocol handles those events while
+    the request is in, and the next request's headers replace the ``cycle``."""
 
     message_event = _Event()
+    more_body = False
 
     def __init__(
         self, path: str, route: tuple[str, str], headers: dict[str, str], keep_alive: bool
@@ -75,7 +83,7 @@ class _Direct:
         self.headers = headers
         self.keep_alive = keep_alive
         self.device: Device | None = None
-        self.body: list[bytes] = []
+        self.parts: list[bytes] = []  # the body as it came
         self.size = 0
         self.response_started = False
         self.response_complete = False
@@ -105,6 +113,9 @@ class DirectInferProtocol(GuardedHttpProtocol):
         except (RequestError, EdgeError) as exc:
             self._write(direct, error_response(exc))
             return
+        except Exception:  # the gateway's fault (its state database, say), not the client's
+            self._internal(direct)
+            return
         try:
             check_declared(direct.headers.get("content-length"), self.plane.config.max_body_bytes)
         except (RequestError, EdgeError) as exc:
@@ -124,7 +135,7 @@ class DirectInferProtocol(GuardedHttpProtocol):
                 direct, PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
             )
             return
-        direct.body.append(body)
+        direct.parts.append(body)
 
     def on_message_complete(self) -> None:
         direct = self._direct
@@ -147,6 +158,13 @@ class DirectInferProtocol(GuardedHttpProtocol):
         self.plane.count_failure(direct.route[0], "http", exc)
         self._write(direct, error_response(exc))
 
+    def _internal(self, direct: _Direct) -> None:
+        """Answer 500 for an unexpected error (logged with its traceback) and close, as
+        uvicorn does for an application that fails."""
+        log.exception("unexpected error on POST %s", direct.path)
+        direct.keep_alive = False
+        self._write(direct, JSONResponse({"error": "internal error"}, status_code=500))
+
     def _take(self) -> _Direct | None:
         """The request whose headers are in, if this path takes it on."""
         parser = self.parser
@@ -154,6 +172,8 @@ class DirectInferProtocol(GuardedHttpProtocol):
             return None
         if not (self.cycle is None or self.cycle.response_complete) or self.pipeline:
             return None  # behind another request: uvicorn's queue keeps the order
+        if self.flow.write_paused:
+            return None  # answers not read: uvicorn's cycle waits for them to drain
         path = httptools.parse_url(self.url).path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)  # as uvicorn gives the path to ASGI
@@ -167,14 +187,20 @@ class DirectInferProtocol(GuardedHttpProtocol):
 
     async def _answer(self, direct: _Direct) -> None:
         name, version = direct.route
-        content = direct.body[0] if len(direct.body) == 1 else b"".join(direct.body)
+        content = direct.parts[0] if len(direct.parts) == 1 else b"".join(direct.parts)
         device = direct.device
         assert device is not None
 
         def call() -> Any:
             return answer_infer(self.plane, device, direct.headers, content, name, version)
 
-        response = await respond(direct.path, call)
+        try:
+            response = await respond(direct.path, call)
+        except BaseException:  # cancelled (a shutdown past its grace), or worse
+            if not direct.response_started:
+                self._internal(direct)
+            self.transport.close()
+            raise
         self._write(direct, response)
 
     def _write(self, direct: _Direct, response: Response) -> None:
@@ -192,6 +218,14 @@ class DirectInferProtocol(GuardedHttpProtocol):
         if not direct.keep_alive:
             self.transport.close()
         self.on_response_complete()
+
+    def shutdown(self) -> None:
+        direct = self._direct
+        if direct is not None and not direct.response_complete:
+            # its body still coming: no task yet for the server's shutdown to wait for
+            self._close("stopping", 503, "the gateway is stopping")
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         direct = self._direct
