@@ -38,6 +38,20 @@ def test_the_p50_added_is_the_median_of_each_rounds_difference() -> None:
     assert summary["rounds"] == 3 and summary["meets_target"]
 
 
+def test_the_throughput_lost_is_the_median_of_each_rounds_loss() -> None:
+    """One round where the machine slowed the engine's straight run: the medians of the
+    two paths would say 19% lost; judged round by round, none is."""
+    report: dict[str, Any] = {"cases": []}
+    for r, (direct, through) in enumerate([(247.0, 200.9), (191.1, 192.9), (265.9, 267.5)]):
+        report["cases"] += [case("direct", 1, r, 300, 3.0), case("gateway", 1, r, 250, 3.5)]
+        report["cases"] += [case("direct", 16, r, direct, 50), case("gateway", 16, r, through, 52)]
+    summarize_remote(report)
+    summary = report["summary"]["http"]
+    assert summary["direct_per_s"] == 247.0 and summary["gateway_per_s"] == 200.9
+    assert summary["throughput_loss"] == pytest.approx(-0.006, abs=1e-3)  # of 18.7, -0.9, -0.6%
+    assert summary["meets_target"]
+
+
 def test_an_engine_that_answered_nothing_is_all_lost_not_a_crash() -> None:
     report: dict[str, Any] = {"cases": [case("direct", 1, 0, 0, 0), case("gateway", 1, 0, 0, 0)]}
     summarize_remote(report)
