@@ -9,7 +9,7 @@ from starlette.types import Receive
 from edge_core.errors import PayloadTooLarge
 from edge_core.protocol.types import parse_length
 
-__all__ = ["check_declared", "read_body", "receive_body"]
+__all__ = ["check_declared", "check_received", "read_body", "receive_body"]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -28,6 +28,16 @@ def check_declared(declared: str | None, limit: int) -> None:
         raise PayloadTooLarge(
             f"request body of {declared} bytes exceeds the limit of {limit} bytes"
         )
+
+
+def check_received(size: int, limit: int) -> None:
+    """Refuse a body once ``size`` bytes of it, more than ``limit``, have come in.
+
+    Raises:
+        PayloadTooLarge: more than ``limit`` bytes.
+    """
+    if size > limit:
+        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
 
 
 async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
@@ -51,8 +61,7 @@ async def receive_body(receive: Receive, declared: str | None, limit: int) -> by
             continue
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        check_received(size, limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -26,17 +26,16 @@ pipelined behind it waits in uvicorn's queue until it is answered.
 
 from __future__ import annotations
 
-import logging
 import urllib.parse
 from typing import Any
 
 import httptools
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from cloud_gateway.auth import Device
 from cloud_gateway.dataplane import DataPlane
-from cloud_gateway.rest.body import check_declared
+from cloud_gateway.rest.body import check_declared, check_received
 from cloud_gateway.rest.connections import (
     ANSWERING,
     BODY,
@@ -48,13 +47,13 @@ from cloud_gateway.rest.infer import (
     authenticate_infer,
     error_response,
     infer_route,
+    internal_error,
+    request_headers,
     respond,
 )
 from edge_core.errors import EdgeError, PayloadTooLarge, RequestError
 
 __all__ = ["DirectInferProtocol", "direct_protocol_class"]
-
-log = logging.getLogger(__name__)
 
 
 class _Event:
@@ -129,11 +128,10 @@ class DirectInferProtocol(GuardedHttpProtocol):
         if direct.response_complete:
             return  # answered before its body was in: read, and dropped
         direct.size += len(body)
-        limit = self.plane.config.max_body_bytes
-        if direct.size > limit:
-            self._refuse(
-                direct, PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            )
+        try:
+            check_received(direct.size, self.plane.config.max_body_bytes)
+        except PayloadTooLarge as exc:
+            self._refuse(direct, exc)
             return
         direct.parts.append(body)
 
@@ -161,9 +159,8 @@ class DirectInferProtocol(GuardedHttpProtocol):
     def _internal(self, direct: _Direct) -> None:
         """Answer 500 for an unexpected error (logged with its traceback) and close, as
         uvicorn does for an application that fails."""
-        log.exception("unexpected error on POST %s", direct.path)
         direct.keep_alive = False
-        self._write(direct, JSONResponse({"error": "internal error"}, status_code=500))
+        self._write(direct, internal_error(direct.path))
 
     def _take(self) -> _Direct | None:
         """The request whose headers are in, if this path takes it on."""
@@ -180,8 +177,7 @@ class DirectInferProtocol(GuardedHttpProtocol):
         route = infer_route(path)
         if route is None:
             return None
-        # the first of a repeated header, as Starlette's Headers.get gives it
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(self.headers)}
+        headers = request_headers(self.headers)
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         return _Direct(path, route, headers, keep_alive)
 

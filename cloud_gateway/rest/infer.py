@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
@@ -44,6 +44,8 @@ __all__ = [
     "authenticate_infer",
     "error_response",
     "infer_route",
+    "internal_error",
+    "request_headers",
     "respond",
     "run_infer",
 ]
@@ -137,6 +139,19 @@ async def run_infer(
     return await answer_infer(plane, device, headers, content, name, version)
 
 
+def internal_error(path: str) -> JSONResponse:
+    """The 500 for an unexpected error on ``path``, logged with its traceback (call it
+    while the exception is being handled)."""
+    log.exception("unexpected error on POST %s", path)
+    return JSONResponse({"error": "internal error"}, status_code=500)
+
+
+def request_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """A request's headers by their lower-case names, the first of a repeated one (as
+    Starlette's ``Headers.get`` gives it)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(list(raw))}
+
+
 async def respond(path: str, call: Callable[[], Awaitable[Response]]) -> Response:
     """``call``'s response, or the error response for what it raised (logged when it is
     the gateway's fault).
@@ -153,8 +168,7 @@ async def respond(path: str, call: Callable[[], Awaitable[Response]]) -> Respons
             log.error("POST %s failed: %s", path, exc)
         return error_response(exc)
     except Exception:
-        log.exception("unexpected error on POST %s", path)
-        return JSONResponse({"error": "internal error"}, status_code=500)
+        return internal_error(path)
 
 
 def infer_route(path: str) -> tuple[str, str] | None:
@@ -179,8 +193,7 @@ class InferFront:
         if route is None:
             await self.app(scope, receive, send)
             return
-        # the first of a repeated header, as Starlette's Headers.get gives it
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
+        headers = request_headers(scope["headers"])
         name, version = route
 
         def body() -> Awaitable[bytes]:
