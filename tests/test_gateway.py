@@ -448,7 +448,7 @@ def test_a_grpc_call_ended_early_is_counted(tmp_path: Path) -> None:
     from edge_core.protocol.types import InferRequest
 
     handle = start_gateway(
-        tmp_path, small_repository(tmp_path), backend=SlowBackend(0.5), poll_interval_s=0.0
+        tmp_path, small_repository(tmp_path), backend=SlowBackend(1.5), poll_interval_s=0.0
     )
     x = heldout(1)
     request = request_to_proto(
@@ -461,13 +461,21 @@ def test_a_grpc_call_ended_early_is_counted(tmp_path: Path) -> None:
         response_deserializer=pb.ModelInferResponse.FromString,
     )
     metadata = tuple(handle.headers().items())
+
+    def arrived() -> float:
+        return metric(handle, "gateway_device_requests_total")
+
     try:
-        for _ in range(3):  # past the deadline while the model runs
+        # connected first, so that no call's deadline is spent connecting (a call that
+        # never reached the gateway is not the gateway's to count)
+        grpc.channel_ready_future(channel).result(timeout=10)
+        for _ in range(3):  # past the deadline while the model runs (or waits for it)
             with pytest.raises(grpc.RpcError) as info:
-                infer(request, timeout=0.1, metadata=metadata)
+                infer(request, timeout=0.3, metadata=metadata)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        call = infer.future(request, timeout=5, metadata=metadata)  # given up on at once
-        time.sleep(0.1)
+        wait_for(lambda: arrived() == 3)
+        call = infer.future(request, timeout=5, metadata=metadata)
+        wait_for(lambda: arrived() == 4)  # given up on once the gateway has it
         assert call.cancel()
 
         def counted(status: str) -> float:
