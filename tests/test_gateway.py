@@ -379,6 +379,12 @@ def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
     return total
 
 
+def metric_lines(handle: GatewayHandle, name: str) -> str:
+    _, body = http_request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
+    text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+    return "\n".join(line for line in text.splitlines() if line.startswith(name))
+
+
 def test_concurrent_requests_end_up_in_one_batch_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
     from cloud_gateway.config import BatchingSettings
 
@@ -481,7 +487,10 @@ def test_a_grpc_call_ended_early_is_counted(tmp_path: Path) -> None:
         def counted(status: str) -> float:
             return metric(handle, "gateway_requests_total", protocol="grpc", status=status)
 
-        wait_for(lambda: counted("deadline_exceeded") == 3 and counted("cancelled") == 1)
+        try:
+            wait_for(lambda: counted("deadline_exceeded") == 3 and counted("cancelled") == 1)
+        except AssertionError:
+            raise AssertionError(metric_lines(handle, "gateway_requests_total")) from None
         assert metric(handle, "gateway_requests_total", protocol="grpc") == 4
         assert metric(handle, "gateway_request_failures_total", status="cancelled") == 1
     finally:
