@@ -35,6 +35,7 @@ from cloud_gateway.fleet.ingest import TelemetryIngest
 from cloud_gateway.fleet.store import FleetStore
 from cloud_gateway.fleet.views import FleetViews
 from cloud_gateway.grpc.servicer import InferenceServicer, add_to_server
+from cloud_gateway.loops import loop_kind, new_event_loop
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.mqtt.bridge import MqttBridge
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
@@ -217,10 +218,12 @@ class Gateway:
         loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
         log.info("models loaded: %s", ", ".join(loaded) or "none")
         log.info(
-            "at most %d connections on each front end (max_connections %d, descriptor limit %s)",
+            "at most %d connections on each front end (max_connections %d, descriptor limit %s); "
+            "event loop %s",
             cap,
             limits.max_connections,
             limit or "none",
+            loop_kind(asyncio.get_running_loop()),
         )
         await self._grpc.start()
 
@@ -475,10 +478,13 @@ class Gateway:
 
 
 class GatewayThread:
-    """A gateway on its own event loop in a background thread."""
+    """A gateway on its own event loop (the one ``serve`` runs on, see
+    :mod:`cloud_gateway.loops`) in a background thread."""
 
-    def __init__(self, config: GatewayConfig, *, backend: Backend | None = None) -> None:
-        self._loop = asyncio.new_event_loop()
+    def __init__(
+        self, config: GatewayConfig, *, backend: Backend | None = None, loop: str = "auto"
+    ) -> None:
+        self._loop = new_event_loop(loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="gateway", daemon=True)
         self._thread.start()
         self.gateway: Gateway = self.call(self._build(config, backend))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
 from cloud_gateway.cli.common import config_of
+from cloud_gateway.loops import LOOPS, loop_name, run
 
 __all__ = ["register"]
 
@@ -18,6 +19,12 @@ def register(commands: Any) -> None:
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, help="REST port (default 8000)")
     serve.add_argument("--grpc-port", type=int, help="gRPC port (default 8001)")
+    serve.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="auto",
+        help="event loop (auto: uvloop where installed, else asyncio's)",
+    )
     serve.set_defaults(run=_serve)
 
     bench = commands.add_parser("bench", help="throughput and latency under concurrent load")
@@ -82,8 +89,13 @@ def register(commands: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from cloud_gateway.server import Gateway
 
+    try:
+        name = loop_name(args.loop)
+    except ValueError as exc:
+        print(f"cloud-gateway serve: {exc}", file=sys.stderr)
+        return 2
     gateway = Gateway(config_of(args))
-    asyncio.run(gateway.serve_forever())
+    run(gateway.serve_forever(), name)
     return 0
 
 
