@@ -35,7 +35,6 @@ from cloud_gateway.fleet.ingest import TelemetryIngest
 from cloud_gateway.fleet.store import FleetStore
 from cloud_gateway.fleet.views import FleetViews
 from cloud_gateway.grpc.servicer import InferenceServicer, add_to_server
-from cloud_gateway.loops import loop_kind, new_event_loop
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.mqtt.bridge import MqttBridge
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
@@ -56,6 +55,7 @@ from cloud_gateway.rest.direct import direct_protocol_class
 from cloud_gateway.rest.infer import InferFront
 from cloud_gateway.state import StateDatabase, upgrade
 from edge_core.errors import ConfigError
+from edge_core.loops import loop_kind, new_event_loop
 
 __all__ = ["Gateway", "GatewayThread"]
 
@@ -479,7 +479,7 @@ class Gateway:
 
 class GatewayThread:
     """A gateway on its own event loop (the one ``serve`` runs on, see
-    :mod:`cloud_gateway.loops`) in a background thread."""
+    :mod:`edge_core.loops`) in a background thread."""
 
     def __init__(
         self, config: GatewayConfig, *, backend: Backend | None = None, loop: str = "auto"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from cloud_gateway import loops
 from cloud_gateway.cli import main
+from edge_core import loops
 
 from .support.paths import MODELS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.cli.common import config_of
-from cloud_gateway.loops import LOOPS, loop_name, run
+from edge_core.loops import LOOPS, loop_name, run
 
 __all__ = ["register"]
 

@@ -2,7 +2,8 @@
 
 ``python -m edge_agent.bench.grpc_echo`` serves one unary method,
 ``/bench.Echo/Echo``, on a free loopback port, built as the gateway builds its
-own gRPC server (``grpc.aio``, the same options) and returning the request's
+own gRPC server (``grpc.aio``, the same options, on the same event loop:
+:mod:`edge_core.loops`) and returning the request's
 bytes untouched: no protobuf parsing, no authentication, no model. It prints
 its port on one line, then serves until SIGTERM.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+
+from edge_core.loops import run
 
 __all__ = ["METHOD", "main"]
 
@@ -47,7 +50,7 @@ async def _serve() -> None:
 
 
 def main() -> int:
-    asyncio.run(_serve())
+    run(_serve())  # on the loop the gateway runs on
     return 0
 
 
