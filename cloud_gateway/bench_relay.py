@@ -5,7 +5,8 @@ engine and on the same cores, so that each round shows what a gRPC hop costs by
 itself and what the gateway's own work (authentication, checks, metrics,
 deadlines) adds on top. It forwards every unary call as it came: the request's
 bytes and metadata, the answer's bytes, the engine's status; it parses nothing and
-checks nothing, on the same ``grpc.aio`` server and client as the gateway::
+checks nothing, on the same ``grpc.aio`` server and client, and the same event loop
+(:mod:`edge_core.loops`), as the gateway::
 
     python -m cloud_gateway.bench_relay --listen 127.0.0.1:PORT --to 127.0.0.1:ENGINE
 """
@@ -13,9 +14,10 @@ checks nothing, on the same ``grpc.aio`` server and client as the gateway::
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Sequence
 from typing import Any
+
+from edge_core.loops import run
 
 __all__ = ["main", "serve"]
 
@@ -66,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="HOST:PORT to serve")
     parser.add_argument("--to", required=True, help="the engine's HOST:PORT")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.listen, args.to))  # until the benchmark stops it
+    run(serve(args.listen, args.to))  # until the benchmark stops it; the gateway's loop
     return 0
 
 
