@@ -33,12 +33,12 @@ def loop_name(kind: str = "auto") -> str:
     """
     if kind not in LOOPS:
         raise ValueError(f"unknown event loop {kind!r}: choose from {', '.join(LOOPS)}")
+    if kind == "asyncio":
+        return kind
     installed = importlib.util.find_spec("uvloop") is not None
     if kind == "uvloop" and not installed:
         raise ValueError("event loop 'uvloop' asked for, but uvloop is not installed")
-    if kind == "auto":
-        return "uvloop" if installed else "asyncio"
-    return kind
+    return "uvloop" if installed else "asyncio"
 
 
 def loop_kind(loop: asyncio.AbstractEventLoop) -> str:

@@ -365,9 +365,13 @@ def test_rate_limit_per_device(tmp_path: Path) -> None:
 # -- batching -----------------------------------------------------------------------------------
 
 
-def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
+def metrics_text(handle: GatewayHandle) -> str:
     _, body = http_request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
-    text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+    return body.decode() if isinstance(body, bytes) else json.dumps(body)
+
+
+def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
+    text = metrics_text(handle)
     wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     total = 0.0
     for line in text.splitlines():
@@ -380,9 +384,7 @@ def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
 
 
 def metric_lines(handle: GatewayHandle, name: str) -> str:
-    _, body = http_request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
-    text = body.decode() if isinstance(body, bytes) else json.dumps(body)
-    return "\n".join(line for line in text.splitlines() if line.startswith(name))
+    return "\n".join(line for line in metrics_text(handle).splitlines() if line.startswith(name))
 
 
 def test_concurrent_requests_end_up_in_one_batch_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
