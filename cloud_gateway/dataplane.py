@@ -144,9 +144,9 @@ class DataPlane:
         name = package.qualified_name
 
         def on_batch(rows: int, waits: list[float], compute: float) -> None:
-            self.metrics.batch_size.labels(package.name).observe(rows)
-            self.metrics.compute_seconds.labels(package.name).observe(compute)
-            queue = self.metrics.queue_seconds.labels(package.name)
+            self._child(self.metrics.batch_size, package.name).observe(rows)
+            self._child(self.metrics.compute_seconds, package.name).observe(compute)
+            queue = self._child(self.metrics.queue_seconds, package.name)
             for wait in waits:
                 queue.observe(wait)
 
@@ -285,18 +285,21 @@ class DataPlane:
         if model.forward is not None and not model.inputs:
             return request.inputs  # an engine that declares no inputs checks them itself
         expected = {spec.name: spec for spec in model.inputs}
-        takes = ", ".join(repr(n) for n in expected)
+
+        def takes() -> str:
+            return ", ".join(repr(n) for n in expected)
+
         for name in expected:
             if name not in request.inputs:
                 raise BadRequest(
-                    f"missing input {name!r} for model {model.package.name!r} (it takes {takes})"
+                    f"missing input {name!r} for model {model.package.name!r} (it takes {takes()})"
                 )
         feed: dict[str, Array] = {}
         for name, array in request.inputs.items():
             spec = expected.get(name)
             if spec is None:
                 raise BadRequest(
-                    f"unknown input {name!r} for model {model.package.name!r} (it takes {takes})"
+                    f"unknown input {name!r} for model {model.package.name!r} (it takes {takes()})"
                 )
             datatype = request.datatypes[name]
             if datatype != spec.datatype:
@@ -463,8 +466,8 @@ class DataPlane:
                 f"the request's deadline passed while model {model.package.name} ran"
             ) from None
         name = model.package.name
-        self.metrics.compute_seconds.labels(name).observe(self._clock() - started)
-        self.metrics.batch_size.labels(name).observe(
+        self._child(self.metrics.compute_seconds, name).observe(self._clock() - started)
+        self._child(self.metrics.batch_size, name).observe(
             next(iter(feed.values())).shape[0] if feed else 1
         )
         return outputs

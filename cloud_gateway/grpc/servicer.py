@@ -40,10 +40,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             return await call()
         except Exception as exc:
-            status = status_of(exc)
-            if status.kind == "internal":
-                log.error("gRPC call failed: %s", exc)
-            await context.abort(grpc.StatusCode[status.grpc], status.message)
+            await _abort(context, exc)
             raise  # abort raises; this is never reached
 
     def _device(self, context: Any, *, admin: bool = False) -> Device:
@@ -90,7 +87,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._guard(context, call)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
+        # the hot path: guarded in place, not through _guard's closure and extra coroutine
+        try:
             token = request_id = None
             for key, value in context.invocation_metadata() or ():  # one pass, both keys
                 if key == "authorization":
@@ -113,8 +111,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 request_id=request_id,
             )
             return response_to_proto(response)
-
-        return await self._guard(context, call)
+        except Exception as exc:
+            await _abort(context, exc)
+            raise  # abort raises; this is never reached
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
@@ -148,6 +147,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             return pb.RepositoryModelUnloadResponse()
 
         return await self._guard(context, call)
+
+
+async def _abort(context: Any, exc: Exception) -> None:
+    """End the call with ``exc``'s status (raises, as ``context.abort`` does)."""
+    status = status_of(exc)
+    if status.kind == "internal":
+        log.error("gRPC call failed: %s", exc)
+    await context.abort(grpc.StatusCode[status.grpc], status.message)
 
 
 def _checked(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:

@@ -13,6 +13,7 @@ on input too.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -42,8 +43,10 @@ __all__ = [
 ]
 
 
+@functools.cache
 def pb() -> Any:
-    """The generated ``service_pb2`` module (imported on first use)."""
+    """The generated ``service_pb2`` module (imported on first use; then the module
+    itself, not an import statement's lookups, on each message)."""
     from tritonclient.grpc import service_pb2
 
     return service_pb2
@@ -66,6 +69,8 @@ _CONTENTS = {
 
 
 def parameters_from_proto(params: Any) -> dict[str, Any]:
+    if not params:  # most requests: no items to walk
+        return {}
     out: dict[str, Any] = {}
     for key, value in params.items():
         kind = value.WhichOneof("parameter_choice")

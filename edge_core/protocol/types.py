@@ -8,6 +8,7 @@ datatype (``BYTES`` tensors are object arrays of ``bytes``).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -169,6 +170,15 @@ def element_count(shape: list[int]) -> int:
     return math.prod(shape)
 
 
+@functools.cache
+def _wire_dtype(datatype: str) -> np.dtype[Any]:
+    """The little-endian dtype a datatype travels in (one object per name: made once,
+    not on every tensor of every request; bounded: only known names get here, an
+    unknown one raises)."""
+    dtype: np.dtype[Any] = numpy_dtype(datatype).newbyteorder("<")
+    return dtype
+
+
 def array_from_bytes(
     data: bytes | memoryview, datatype: str, shape: list[int], where: str
 ) -> Array:
@@ -198,7 +208,7 @@ def array_from_bytes(
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
-    dtype = numpy_dtype(datatype).newbyteorder("<")
+    dtype = _wire_dtype(datatype)
     expected = count * dtype.itemsize
     if len(data) != expected:
         raise ProtocolError(
@@ -217,5 +227,4 @@ def array_to_bytes(array: Array, datatype: str) -> bytes:
             parts.append(len(raw).to_bytes(4, "little"))
             parts.append(raw)
         return b"".join(parts)
-    dtype = numpy_dtype(datatype).newbyteorder("<")
-    return np.ascontiguousarray(array, dtype=dtype).tobytes()
+    return np.ascontiguousarray(array, dtype=_wire_dtype(datatype)).tobytes()
