@@ -62,6 +62,8 @@ TARGET_P99_MS = 50.0
 TARGET_RATIO = {"grpc": 1.05, "http": 1.2}  # over the best peer, at the most clients
 GATEWAY = "gateway"
 TITLES = {"triton": "Triton", "mlserver": "MLServer", GATEWAY: "gateway"}
+# CPU a request took within the timed run (loadgen): the server's processes, the clients'
+CPU_KEYS = ("server_cpu_us_per_request", "client_cpu_us_per_request")
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,7 @@ def _one_server(
             print(f"{name}: {case.label} ...", flush=True)
             extra = ["--input", package.inputs[0].name, "--output", output]
             extra += ["--output-elements", str(output_elements)]
+            extra += ["--cpu-of", str(server.process.pid)]
             if case.json_tensors:
                 extra.append("--json-tensors")
             result = load(
@@ -359,6 +362,10 @@ def summarize_peers(report: dict[str, Any]) -> None:
                     "p99_ms": _median([c["p99_ms"] for c in mine]),
                     "errors": sum(c["errors"] for c in mine),
                 }
+                for key in CPU_KEYS:  # absent from reports made before they were measured
+                    values = [c[key] for c in mine if key in c]
+                    if values:
+                        row["servers"][server][key] = _median(values)
             elif unsupported:
                 row["servers"][server] = {"unsupported": unsupported}
         peers = {
@@ -395,6 +402,12 @@ def _cell(entry: dict[str, Any] | None) -> str:
     return text + (f", {entry['errors']} errors" if entry["errors"] else "")
 
 
+def _cpu_cell(entry: dict[str, Any] | None) -> str:
+    if not entry or CPU_KEYS[0] not in entry:
+        return "–"
+    return f"{entry[CPU_KEYS[0]]:,.0f} / {entry.get(CPU_KEYS[1], 0):,.0f}"
+
+
 def format_peers(report: dict[str, Any]) -> str:
     servers = list(report["servers"])
     shown = [s for s in servers if not report["servers"][s].get("skipped")]
@@ -427,6 +440,15 @@ def format_peers(report: dict[str, Any]) -> str:
         ),
         render_table(headers, rows),
     ]
+    cpu_rows = [
+        [label, *(_cpu_cell(row["servers"].get(s)) for s in shown)]
+        for label, row in report["summary"]["cases"].items()
+    ]
+    if any(cell != "–" for row in cpu_rows for cell in row[1:]):
+        lines += [
+            "CPU a request took, in us (medians): the server's processes / the clients'",
+            render_table(["case", *(titles(s) for s in shown)], cpu_rows),
+        ]
     for label, row in report["summary"]["cases"].items():
         if "meets_target" in row:
             lines.append(

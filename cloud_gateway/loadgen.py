@@ -22,6 +22,13 @@ Two kinds of client:
 reports both and the median of the differences within the pairs (a drift of the
 machine's speed slows both requests of a pair alike).
 
+Within the timed run it also measures the CPU a request answered took: the
+clients' own (``client_cpu_us_per_request``, every thread of this process) and,
+with ``--cpu-of PID``, the server's (``server_cpu_us_per_request``: that process
+and every process below it, from ``/proc``). On a machine whose cores clients and
+server share, throughput is their CPU budget split between them: the two figures
+say which side spends it.
+
 Each client holds its own connection, as each device of a fleet does: HTTP
 keep-alive, or a gRPC channel with its own subchannel pool (gRPC otherwise puts
 every channel to the same address with the same settings on one shared TCP
@@ -43,6 +50,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from edge_core.processes import tree_cpu_seconds
 from edge_core.protocol.rest import encode_infer_request
 from edge_core.protocol.types import InferRequest
 
@@ -287,13 +295,26 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         warmup_end = time.perf_counter() + args.warmup
         await asyncio.gather(*(_worker(send, warmup_end, None, None) for send, _ in clients))
         gc.freeze()  # the set-up is no garbage: collections during the run stay short
+        server_cpu = tree_cpu_seconds(args.cpu_of) if args.cpu_of else None
+        own_cpu = time.process_time()
         started = time.perf_counter()
         stop = started + args.seconds
         await asyncio.gather(*(_worker(send, stop, latencies, errors) for send, _ in clients))
         elapsed = time.perf_counter() - started
+        own_cpu = time.process_time() - own_cpu
+        if server_cpu is not None:
+            after = tree_cpu_seconds(args.cpu_of)
+            server_cpu = None if after is None else after - server_cpu
     finally:
         await _close_all(clients)
-    return {"errors": len(errors), "first_errors": errors[:3], **_figures(latencies, elapsed)}
+    report = {"errors": len(errors), "first_errors": errors[:3], **_figures(latencies, elapsed)}
+    # CPU a request answered, within the timed run: these clients', and the server's
+    # (its processes, when --cpu-of names it)
+    if latencies:
+        report["client_cpu_us_per_request"] = round(own_cpu / len(latencies) * 1e6, 1)
+        if server_cpu is not None:
+            report["server_cpu_us_per_request"] = round(server_cpu / len(latencies) * 1e6, 1)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         help="one client, this server and --url in turn: the p50 one adds to the other",
     )
     parser.add_argument("--pair-token", help="the token for --pair-url (default: --token)")
+    parser.add_argument(
+        "--cpu-of",
+        type=int,
+        metavar="PID",
+        help="report the CPU this process and those below it used a request (Linux)",
+    )
     args = parser.parse_args(argv)
     if args.pair_url and args.concurrency != 1:
         parser.error("--pair-url measures one client: --concurrency 1")

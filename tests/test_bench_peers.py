@@ -111,6 +111,30 @@ def test_the_table_shows_every_server_and_says_what_was_skipped() -> None:
     assert "gRPC, 64 clients: misses the target (>= 1.05x, p99 <= 50 ms)" in text
 
 
+def test_the_cpu_a_request_took_is_summarized_and_shown_beside_the_rates() -> None:
+    report = _report()
+    for case in report["cases"]:  # two rounds of each measured case
+        if "throughput_per_s" in case:
+            case.update(server_cpu_us_per_request=600.0, client_cpu_us_per_request=300.0)
+    again = [
+        {**c, "round": 1, "server_cpu_us_per_request": 700.0, "client_cpu_us_per_request": 350.0}
+        for c in report["cases"]
+        if "throughput_per_s" in c
+    ]
+    report["cases"] += again
+    summarize_peers(report)
+    triton = report["summary"]["cases"]["gRPC, 64 clients"]["servers"]["triton"]
+    assert triton["server_cpu_us_per_request"] == 650.0
+    assert triton["client_cpu_us_per_request"] == 325.0
+    text = format_peers(report)
+    assert "the server's processes / the clients'" in text
+    assert "650 / 325" in text
+    # a report made before the figures were measured shows no such table
+    old = _report()
+    summarize_peers(old)
+    assert "the server's processes" not in format_peers(old)
+
+
 def test_a_missing_interpreter_is_a_clear_skip(tmp_path: Path) -> None:
     with pytest.raises(PeerUnavailable, match="/nowhere/python3 is not installed"):
         ensure_env("peer-x", ["nothing"], python="/nowhere/python3", cache=tmp_path)

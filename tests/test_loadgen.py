@@ -116,3 +116,20 @@ def test_a_paired_run_is_one_client(tmp_path: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert answer.returncode == 2 and "--concurrency 1" in answer.stderr
+
+
+def test_a_run_reports_the_cpu_a_request_took(gateway: GatewayHandle, tmp_path: Path) -> None:
+    import os
+
+    data = tmp_path / "input.npy"
+    np.save(data, np.zeros((1, 64), np.float32))
+    result = load(
+        "grpc", gateway.grpc_url, "digits-light", gateway.device_token, data, 2, 1.0,
+        extra=("--cpu-of", str(os.getpid())),  # the gateway runs in this process
+    )  # fmt: skip
+    assert result["errors"] == 0 and result["requests"] > 0
+    assert result["client_cpu_us_per_request"] > 0
+    # this process's tree holds the clients too: at least what they took
+    assert result["server_cpu_us_per_request"] >= result["client_cpu_us_per_request"]
+    without = load("grpc", gateway.grpc_url, "digits-light", gateway.device_token, data, 1, 0.5)
+    assert "server_cpu_us_per_request" not in without and "client_cpu_us_per_request" in without
