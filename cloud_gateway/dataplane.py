@@ -57,6 +57,11 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def _names(specs: dict[str, Any]) -> str:
+    """The names a model takes, for an error message (built only when one is raised)."""
+    return ", ".join(repr(n) for n in specs)
+
+
 class DataPlane:
     def __init__(
         self,
@@ -285,21 +290,19 @@ class DataPlane:
         if model.forward is not None and not model.inputs:
             return request.inputs  # an engine that declares no inputs checks them itself
         expected = {spec.name: spec for spec in model.inputs}
-
-        def takes() -> str:
-            return ", ".join(repr(n) for n in expected)
-
         for name in expected:
             if name not in request.inputs:
                 raise BadRequest(
-                    f"missing input {name!r} for model {model.package.name!r} (it takes {takes()})"
+                    f"missing input {name!r} for model {model.package.name!r} "
+                    f"(it takes {_names(expected)})"
                 )
         feed: dict[str, Array] = {}
         for name, array in request.inputs.items():
             spec = expected.get(name)
             if spec is None:
                 raise BadRequest(
-                    f"unknown input {name!r} for model {model.package.name!r} (it takes {takes()})"
+                    f"unknown input {name!r} for model {model.package.name!r} "
+                    f"(it takes {_names(expected)})"
                 )
             datatype = request.datatypes[name]
             if datatype != spec.datatype:
