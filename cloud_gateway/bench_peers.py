@@ -186,7 +186,7 @@ def _start(
         process, http_port, grpc_port, key = gateway_process(
             folder, package.root, threads=args.threads, max_batch=args.max_batch,
             delay_us=args.delay_us, on_cpus=on_cpus, source=source, log=log,
-            busy_delay_us=0 if source is not None else args.busy_delay_us,
+            busy_delay_us=args.busy_delay_us,
         )  # fmt: skip
         token[:] = [key]
     elif name == "triton":

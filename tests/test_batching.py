@@ -6,12 +6,14 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cloud_gateway.batching import BatchSlots, DynamicBatcher, Queued, plan_batch
+from cloud_gateway import batching
+from cloud_gateway.batching import BatchSlots, DynamicBatcher, Queued, busy_target, plan_batch
 from cloud_gateway.config import BatchingSettings, load_config
 from edge_core.errors import ConfigError, DeadlineExceeded, Unavailable
 
@@ -112,6 +114,15 @@ def test_busy_delay_stops_at_a_full_batch() -> None:
     assert plan_batch(queue, 0.0, BUSY, last=(10, 30)).take == [0, 1]
 
 
+def test_a_wait_says_how_many_rows_more_could_end_it() -> None:
+    # busy: 2 of the 5 rows it waits for are there
+    assert plan_batch([q(), q()], 0.0, BUSY, last=(4, 5)).more_rows == 3
+    # a preferred size comes sooner; a full batch is the last resort
+    config = replace(BUSY, preferred_batch_sizes=[4])
+    assert plan_batch([q(), q()], 0.0, config, last=(4, 5)).more_rows == 2
+    assert plan_batch([q(rows=3)], 0.0, CONFIG).more_rows == 5
+
+
 def test_the_longer_of_the_two_delays_applies() -> None:
     config = BatchingSettings(max_batch_size=8, max_queue_delay_us=5000, busy_delay_us=2000)
     assert plan_batch([q()], 0.0, config, last=(3, 3)).wake_at == pytest.approx(0.005)
@@ -201,6 +212,116 @@ def test_busy_delay_gathers_concurrent_clients_and_spares_a_lone_one() -> None:
     assert model.batches == [3, 1, 3, 3, 3, 3, 1]
     assert idle < 0.2
     assert waited >= 0.25
+
+
+def test_the_busy_target_doubles_up_to_what_the_model_held() -> None:
+    assert busy_target(4, 64) == 8  # short of its clients: the next batch waits for more
+    assert busy_target(40, 64) == 64
+    assert busy_target(4, 4) == 4  # no more rows were ever there: wait for none that are not
+
+
+def one(i: int) -> dict[str, np.ndarray]:
+    return {"x": np.full((1, 1), i, np.float32)}
+
+
+async def closed_loop(
+    batcher: DynamicBatcher, client: int, rounds: int, think: float = 0.0
+) -> None:
+    """One client: a request, its answer, ``think`` seconds, the next request."""
+    for _ in range(rounds):
+        assert (await batcher.submit(one(client)))["y"].tolist() == [[2 * client]]
+        if think:
+            await asyncio.sleep(think)
+
+
+def test_busy_batches_grow_towards_the_clients_in_flight() -> None:
+    """Eight clients split into two batches of four, one running while the other goes:
+    with busy_delay_us they become one batch of eight (a batch that only waited for as
+    many rows as the last one would alternate 4 and 4 for ever)."""
+    model = FakeModel(delay=0.05)
+    config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0, busy_delay_us=2_000_000)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(2) as pool:
+            batcher = DynamicBatcher(model, config, pool, max_inflight=2)
+            first = [asyncio.ensure_future(closed_loop(batcher, i, 8)) for i in range(4)]
+            await asyncio.sleep(0.005)  # the first four are running
+            second = [asyncio.ensure_future(closed_loop(batcher, i, 8)) for i in range(4, 8)]
+            await asyncio.wait_for(asyncio.gather(*first, *second), timeout=30)
+            await batcher.close()
+
+    run(main())
+    assert model.batches[:2] == [4, 4]
+    assert model.batches[-4:] == [8, 8, 8, 8]
+
+
+def test_a_busy_batch_never_waits_for_more_clients_than_there_are() -> None:
+    """Two clients in a batch, a third behind it: the third waits for the two to come
+    back, not for twice two rows that three clients can never send (doubling without
+    the cap held it for the whole busy delay)."""
+    model = FakeModel(delay=0.05)
+    config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0, busy_delay_us=3_000_000)
+    waits: list[float] = []
+
+    async def main() -> float:
+        with ThreadPoolExecutor(2) as pool:
+            batcher = DynamicBatcher(
+                model, config, pool, max_inflight=2, on_batch=lambda r, q, t: waits.extend(q)
+            )
+            started = time.monotonic()
+            first = [asyncio.ensure_future(closed_loop(batcher, i, 3)) for i in range(2)]
+            await asyncio.sleep(0.005)  # the two are running
+            await asyncio.wait_for(asyncio.gather(*first, closed_loop(batcher, 2, 3)), 30)
+            took = time.monotonic() - started
+            await batcher.close()
+            return took
+
+    took = run(main())
+    assert model.batches[:2] == [2, 3]  # the third went with the two that came back
+    assert max(waits) < 1.5 and took < 1.5
+
+
+def test_a_waiting_queue_is_planned_again_only_when_it_could_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests that cannot end a wait are queued without planning the whole queue
+    again; one with a deadline before the wait's end is planned for (and fails at it),
+    and the one that completes the rows the wait is for sends the batch at once."""
+    plans: list[int] = []
+
+    def counted(queue, *args):  # type: ignore[no-untyped-def]
+        plans.append(len(queue))
+        return plan_batch(queue, *args)
+
+    monkeypatch.setattr(batching, "plan_batch", counted)
+    model = FakeModel(delay=0.3)
+    config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0, busy_delay_us=5_000_000)
+
+    async def main() -> tuple[float, object]:
+        with ThreadPoolExecutor(2) as pool:
+            batcher = DynamicBatcher(model, config, pool, max_inflight=2)
+            running = asyncio.gather(*(batcher.submit(one(i)) for i in range(4)))
+            await asyncio.sleep(0.05)  # four run; what comes now waits for four rows
+            plans.clear()
+            started = time.monotonic()
+            waiting = [asyncio.ensure_future(batcher.submit(one(0)))]
+            await asyncio.sleep(0.01)
+            waiting.append(asyncio.ensure_future(batcher.submit(one(1))))
+            await asyncio.sleep(0.01)
+            seen = list(plans)  # the first was planned for, the second not
+            late = batcher.submit(one(9), deadline=time.monotonic() + 0.02)
+            failed = (await asyncio.gather(late, return_exceptions=True))[0]
+            await asyncio.gather(*waiting, batcher.submit(one(2)), batcher.submit(one(3)))
+            took = time.monotonic() - started
+            await running
+            await batcher.close()
+            assert seen == [1]
+            return took, failed
+
+    took, failed = run(main())
+    assert isinstance(failed, DeadlineExceeded)
+    assert took < 2.0  # the batch went with its fourth row, not after the busy delay
+    assert model.batches[:2] == [4, 4]
 
 
 def test_idle_models_leave_the_shared_slots_to_busy_ones() -> None:
