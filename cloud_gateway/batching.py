@@ -11,15 +11,16 @@ arrived while the previous batch ran, at no added latency.
 ``busy_delay_us`` is a wait that only a congested model's requests pay: while
 the model's last batch held several requests, a smaller batch whose oldest request
 came while a batch of the model was still out waits up to that long for more rows:
-twice as many as the last batch had, but never more than the model held at once
-(queued, and in batches out) when its last few batches went (:func:`busy_target`).
+twice as many as the last batch had up to 16 (past that, as many as it had), but
+never more than the model held at once (queued, and in batches out) when its last
+few batches went (:func:`busy_target`).
 So a congested model's batches grow towards what its clients have in flight, and
 none waits for clients who are not there. Where the front end and the runtime share
 a few cores, running every small batch at once costs the runtime's per-batch
 overhead again and again and takes CPU from the front end (measured on 2 cores with
-the wide MLP, 64 gRPC clients and 20 ms, six alternating pairs: batches of 5.5-26
-requests and 3,775 requests a second, medians, where batches that waited only for
-as many rows as the last one had held 3.2-6.1 requests and did 3,095). A lone
+the wide MLP, 64 gRPC clients and 20 ms, four alternating pairs: 3,560-3,972
+requests a second at 292-323 µs of CPU a request, where batches that waited only
+for as many rows as the last one had did 3,343-3,578 at 323-350). A lone
 client, whose last batch was itself, never waits; nor does a request that finds the
 model idle, so that traffic arriving at random (a fleet's devices) is not held
 waiting for companions that rarely come: with 150 requests a second at random and
@@ -55,6 +56,9 @@ __all__ = ["BatchSlots", "DynamicBatcher", "Plan", "Queued", "busy_target", "pla
 log = logging.getLogger(__name__)
 
 HELD_WINDOW = 8  # batches over which busy_target's cap looks back
+# busy_delay_us: batches grow to this many rows, where the batcher's own cost a batch
+# (the hop to a thread and back, stacking and splitting) is spread thin
+GROW_UNTIL = 16
 
 Array = np.ndarray[Any, Any]
 Runner = Callable[[dict[str, Array]], dict[str, Array]]
@@ -140,12 +144,14 @@ def busy_target(rows: int, held: int) -> int:
     Twice as many, so that a congested model's batches grow towards what its clients
     have in flight, at most ``held``: the most rows the model held at once (queued, and
     in batches out) when its last batches went, so that no batch waits for clients
-    who are not there. A batch that only waited for as many rows as the last one kept
-    whatever size congestion first gave it (3-6 requests of 64 clients on 2 cores);
-    doubling without the cap held batches for the whole delay, waiting for rows that
-    no client would send.
+    who are not there; and no more than :data:`GROW_UNTIL`, past which a batch waits
+    only for as many rows as the last one had. A batch that only ever waited for as
+    many kept whatever size congestion first gave it (3-6 requests of 64 gRPC clients
+    on 2 cores); doubling without the cap held batches for the whole delay, waiting
+    for rows that no client would send; doubling past 16 rows cost 64 HTTP clients,
+    whose batches were already 24-27, a tenth of their requests a second.
     """
-    return min(2 * rows, held)
+    return max(rows, min(2 * rows, held, GROW_UNTIL))
 
 
 @dataclass

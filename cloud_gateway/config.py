@@ -38,8 +38,8 @@ A TOML file (every field optional; command-line flags override it)::
     preferred_batch_sizes = []
     busy_delay_us = 0                # a wait only while congested: the last batch held
                                      # several requests and this one came while a batch
-                                     # ran; it ends at twice the last batch's rows, or
-                                     # all the model held lately if fewer
+                                     # ran; it ends at twice the last batch's rows (up
+                                     # to 16), or all the model held lately if fewer
 
     [models.digits-heavy.batching]   # per model
     max_batch_size = 64

@@ -216,8 +216,9 @@ def test_busy_delay_gathers_concurrent_clients_and_spares_a_lone_one() -> None:
 
 def test_the_busy_target_doubles_up_to_what_the_model_held() -> None:
     assert busy_target(4, 64) == 8  # short of its clients: the next batch waits for more
-    assert busy_target(40, 64) == 64
     assert busy_target(4, 4) == 4  # no more rows were ever there: wait for none that are not
+    assert busy_target(12, 64) == 16  # up to 16 rows, whose fixed costs are spread thin
+    assert busy_target(40, 64) == 40  # a batch that large waits only for as many again
 
 
 def one(i: int) -> dict[str, np.ndarray]:
