@@ -12,8 +12,8 @@ arrived while the previous batch ran, at no added latency.
 the model's last batch held several requests, a smaller batch whose oldest request
 came while a batch of the model was still out waits up to that long for more rows:
 twice as many as the last batch had up to 16 (past that, as many as it had), but
-never more than the model held at once (queued, and in batches out) when its last
-few batches went (:func:`busy_target`).
+never more rows of its shapes than the model held at once (queued, and in batches
+out) when its last few batches of them went (:func:`busy_target`).
 So a congested model's batches grow towards what its clients have in flight, and
 none waits for clients who are not there. Where the front end and the runtime share
 a few cores, running every small batch at once costs the runtime's per-batch
@@ -229,11 +229,11 @@ class DynamicBatcher:
         self._queue: list[_Item] = []
         self._slots = slots or BatchSlots(max_inflight)
         self._out = 0  # batches of this model out now
-        self._out_rows = 0  # and their rows
-        # busy_delay_us: the last batch's requests and the rows the next one waits for,
-        # and how many rows the model held (queued and out) when each recent batch went
+        self._out_rows: dict[Hashable, int] = {}  # and their rows, by shapes (key_of)
+        # busy_delay_us: the last batch's requests and rows, and how many rows of its
+        # shapes the model held (queued and out) when each recent batch went
         self._last = (0, 0)
-        self._held: deque[int] = deque(maxlen=HELD_WINDOW)
+        self._held: deque[tuple[Hashable, int]] = deque(maxlen=HELD_WINDOW)
         self._closed = False
         self._looking = False  # a look at the queue is scheduled for this turn
         self._timer: asyncio.TimerHandle | None = None
@@ -276,7 +276,7 @@ class DynamicBatcher:
         could not send a batch before its timer (too few rows, no earlier deadline).
         Planning goes over the whole queue, so a long wait planned again at every
         request cost a busy model's loop more the longer its batches grew."""
-        if self._wait is None:
+        if self._wait is None or self._queue[0].future.done():  # not the head it planned
             return False
         more, wake = self._wait
         more -= rows
@@ -314,7 +314,10 @@ class DynamicBatcher:
             if self._closed
             else self.config
         )
-        plan = plan_batch([item.meta for item in self._queue], self._clock(), config, self._last)
+        head = self._queue[0].meta.key  # only rows of its shapes can fill its batch
+        held = max((rows for key, rows in self._held if key == head), default=0)
+        last = (self._last[0], busy_target(self._last[1], held))
+        plan = plan_batch([item.meta for item in self._queue], self._clock(), config, last)
         for index in plan.expired:
             self._resolve(
                 self._queue[index],
@@ -334,21 +337,25 @@ class DynamicBatcher:
         if not self._slots.take(self):
             return False  # pump() again when a slot is given back
         batch = [self._queue[i] for i in plan.take]
-        rows = sum(item.meta.rows for item in batch)
-        self._held.append(sum(item.meta.rows for item in self._queue) + self._out_rows)
-        self._last = (len(batch), busy_target(rows, max(self._held)))
+        key, rows = batch[0].meta.key, sum(item.meta.rows for item in batch)
+        held = self._out_rows.get(key, 0) + sum(
+            item.meta.rows
+            for item in self._queue
+            if item.meta.key == key and not item.future.done()  # those just expired
+        )
         taken = set(plan.take)
         self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
-        self._out += 1
-        self._out_rows += rows
         try:
             self._executor.submit(self._run, batch)
         except Exception as exc:  # the executor is shut down: this batch fails, not later ones
-            self._out -= 1
-            self._out_rows -= rows
             for item in batch:
                 self._resolve(item, exc)
             self._slots.give_back()
+            return True
+        self._out += 1
+        self._out_rows[key] = self._out_rows.get(key, 0) + rows
+        self._held.append((key, held))
+        self._last = (len(batch), rows)
         return True
 
     def _run(self, batch: list[_Item]) -> None:
@@ -388,7 +395,10 @@ class DynamicBatcher:
     def _finish(self, batch: list[_Item], result: Any) -> None:
         """On the loop: answer a batch's requests, give its slot back, look again."""
         self._out -= 1
-        self._out_rows -= sum(item.meta.rows for item in batch)
+        key = batch[0].meta.key
+        left = self._out_rows.pop(key) - sum(item.meta.rows for item in batch)
+        if left:
+            self._out_rows[key] = left
         try:
             if isinstance(result, Exception):
                 for item in batch:

@@ -122,6 +122,16 @@ def _metadata(http_port: int, token: str) -> dict[str, Any]:
     return document
 
 
+def knows_busy_delay(source: Path | None) -> bool:
+    """Whether the gateway's code (this one, or the checkout ``source``) takes
+    ``busy_delay_us``: a checkout from before it refuses the field, so its baseline runs
+    without (the report says the gateway's own setting)."""
+    if source is None:
+        return True
+    config = source / "cloud_gateway" / "config.py"
+    return config.is_file() and "busy_delay_us" in config.read_text(encoding="utf-8")
+
+
 def gateway_process(
     folder: Path,
     model_root: Path,
@@ -186,7 +196,7 @@ def _start(
         process, http_port, grpc_port, key = gateway_process(
             folder, package.root, threads=args.threads, max_batch=args.max_batch,
             delay_us=args.delay_us, on_cpus=on_cpus, source=source, log=log,
-            busy_delay_us=args.busy_delay_us,
+            busy_delay_us=args.busy_delay_us if knows_busy_delay(source) else 0,
         )  # fmt: skip
         token[:] = [key]
     elif name == "triton":

@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cloud_gateway.bench_peers import Case, Server, cases_for, format_peers, summarize_peers
+from cloud_gateway.bench_peers import (
+    Case,
+    Server,
+    cases_for,
+    format_peers,
+    knows_busy_delay,
+    summarize_peers,
+)
 from cloud_gateway.peers import PeerUnavailable
 from cloud_gateway.peers.envs import ensure_env, installed
 from edge_core.manifest import load_package
@@ -133,6 +140,16 @@ def test_the_cpu_a_request_took_is_summarized_and_shown_beside_the_rates() -> No
     old = _report()
     summarize_peers(old)
     assert "the server's processes" not in format_peers(old)
+
+
+def test_a_baseline_from_before_busy_delay_runs_without_it(tmp_path: Path) -> None:
+    assert knows_busy_delay(None)  # this code
+    assert knows_busy_delay(Path(__file__).resolve().parents[1])  # a checkout of it
+    old = tmp_path / "old" / "cloud_gateway"
+    old.mkdir(parents=True)
+    (old / "config.py").write_text("max_queue_delay_us: int = 0\n")
+    assert not knows_busy_delay(tmp_path / "old")  # it would refuse the field
+    assert not knows_busy_delay(tmp_path / "nothing")
 
 
 def test_a_missing_interpreter_is_a_clear_skip(tmp_path: Path) -> None:
