@@ -15,6 +15,7 @@ from typing import Any
 from edge_core.errors import PackageError
 from edge_core.fields import Fields, is_decimal, load_document
 from edge_core.package import (
+    FILE_NAME_RULE,
     FORMATS,
     MANIFEST,
     PRECISIONS,
@@ -25,6 +26,7 @@ from edge_core.package import (
     ModelPackage,
     Tolerance,
     Variant,
+    is_file_name,
 )
 from edge_core.tensors import DATATYPES, TensorSpec
 
@@ -127,6 +129,15 @@ def parse_preprocessing(
     return _preprocessing(fields, inputs)
 
 
+def _file_name(fields: Fields, key: str, *, optional: bool = False) -> Any:
+    """A file the manifest points to: one rule (:func:`~edge_core.package.is_file_name`)
+    for every such field, so that no manifest can name a file outside its package."""
+    file = fields.string(key, None) if optional else fields.string(key)
+    if file is not None and not is_file_name(file):
+        raise fields.fail(key, f"expected {FILE_NAME_RULE}, got {file!r:.80}")
+    return file
+
+
 def _variants(fields: Fields) -> tuple[Variant, ...]:
     variants = []
     for item in fields.tables("variants"):
@@ -137,9 +148,7 @@ def _variants(fields: Fields) -> tuple[Variant, ...]:
             atol=tol.number("atol", 1e-5, minimum=0.0), rtol=tol.number("rtol", 1e-4, minimum=0.0)
         )
         tol.done()
-        file = item.string("file")
-        if Path(file).name != file:
-            raise item.fail("file", f"expected a file name inside the package, got {file!r}")
+        file = _file_name(item, "file")
         sha256 = item.string("sha256")
         if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
             raise item.fail("sha256", f"expected 64 lowercase hex digits, got {sha256!r}")
@@ -209,10 +218,10 @@ def parse_manifest(data: dict[str, Any], root: Path, *, check_folder: bool = Tru
     pre_fields = fields.table("preprocessing", None)
     preprocessing = _preprocessing(pre_fields, inputs) if fields.has("preprocessing") else None
     golden = fields.table("golden", None)
-    golden_file = golden.string("file", None)
+    golden_file = _file_name(golden, "file", optional=True)
     golden.done()
     evaluation = fields.table("evaluation", None)
-    evaluation_file = evaluation.string("file", None)
+    evaluation_file = _file_name(evaluation, "file", optional=True)
     evaluation_meta = {k: evaluation.raw(k) for k in evaluation.names() if k != "file"}
     extra: dict[str, Any] = {"evaluation": evaluation_meta} if evaluation_meta else {}
     build = _object(fields, "build")

@@ -47,12 +47,28 @@ __all__ = [
     "ModelPackage",
     "Tolerance",
     "Variant",
+    "is_file_name",
 ]
 
 MANIFEST = "manifest.json"
 FORMATS = ("onnx", "tflite")
 PRECISIONS = ("fp32", "fp16", "int8")
 TASKS = ("classification", "detection", "segmentation", "regression", "other")
+
+
+FILE_NAME_RULE = "a file name inside the package (no '/', '\\', '.' or '..')"
+
+
+def is_file_name(name: object) -> bool:
+    """Whether ``name`` names a file directly inside a package folder: every file a
+    manifest points to (variants, golden and evaluation data) must, so that a package
+    can never make a reader, a builder or the OTA archive open a file outside it."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+        and Path(name).name == name
+    )
 
 
 class ManifestError(PackageError, ConfigError):
@@ -240,7 +256,17 @@ class ModelPackage:
         )
 
     def path_of(self, variant: Variant) -> Path:
-        return self.root / variant.file
+        return self.file_path(variant.file)
+
+    def file_path(self, name: str) -> Path:
+        """Where the package's file ``name`` is on disk.
+
+        Raises:
+            PackageError: ``name`` is not a file name inside the package.
+        """
+        if not is_file_name(name):
+            raise PackageError(f"{self.qualified_name}: {name!r:.80} is not {FILE_NAME_RULE}")
+        return self.root / name
 
     def read_file(self, name: str) -> bytes:
         """One of the package's files (from memory when the package is held there).
@@ -248,6 +274,7 @@ class ModelPackage:
         Raises:
             PackageError: the file is missing or unreadable.
         """
+        path = self.file_path(name)
         if self.contents is not None:
             try:
                 return self.contents[name]
@@ -255,7 +282,6 @@ class ModelPackage:
                 raise PackageError(
                     f"{self.qualified_name}: no file {name!r} in the package"
                 ) from None
-        path = self.root / name
         try:
             return path.read_bytes()
         except OSError as exc:

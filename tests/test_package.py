@@ -112,6 +112,23 @@ def test_version_must_match_folder(repository: ModelRepository, tmp_path: Path) 
             lambda d: d["variants"][0].update(file="../evil.onnx"),
             r"variants\[0\].file: expected a file name inside the package",
         ),
+        (
+            lambda d: d["variants"][0].update(file=".."),
+            r"variants\[0\].file: expected a file name inside the package",
+        ),
+        # every path a manifest holds, under the one rule (issue 29, item 10)
+        (
+            lambda d: d.update(golden={"file": "../private.npz"}),
+            r"golden.file: expected a file name inside the package",
+        ),
+        (
+            lambda d: d.update(evaluation={"file": "/etc/private.npz"}),
+            r"evaluation.file: expected a file name inside the package",
+        ),
+        (
+            lambda d: d.update(evaluation={"file": "..\\private.npz"}),
+            r"evaluation.file: expected a file name inside the package",
+        ),
         (lambda d: d.update(colour="red"), r"colour: unknown field"),
         (
             lambda d: d["preprocessing"].update(layout="CHW"),
@@ -130,6 +147,23 @@ def test_manifest_errors_name_file_field_and_expectation(
     edit_manifest(root, change)
     with pytest.raises(PackageError, match=message):
         load_package(root)
+
+
+def test_a_package_reads_no_file_outside_itself(
+    repository: ModelRepository, tmp_path: Path
+) -> None:
+    """A package made in code (a builder's, an update's) holds the manifest's rule too:
+    its readers refuse a path out of the folder, whoever set it."""
+    from dataclasses import replace
+
+    (tmp_path / "private.npz").write_bytes(b"secret")
+    package = load_package(copy_package(repository, tmp_path))
+    for name in ("../private.npz", str(tmp_path / "private.npz"), ".."):
+        escaped = replace(package, golden_file=name, evaluation_file=name)
+        with pytest.raises(PackageError, match="is not a file name inside the package"):
+            escaped.golden()
+        with pytest.raises(PackageError, match="is not a file name inside the package"):
+            escaped.evaluation()
 
 
 def test_malformed_manifest_json(tmp_path: Path) -> None:

@@ -54,8 +54,9 @@ def package_archive(
 
         add(MANIFEST, data=json.dumps(manifest, indent=2).encode())
         add(variants[0].file, path=package.path_of(variants[0]))
-        if package.golden_file and (root / package.golden_file).is_file():
-            add(package.golden_file, path=root / package.golden_file)
+        golden = package.file_path(package.golden_file) if package.golden_file else None
+        if golden is not None and golden.is_file():
+            add(golden.name, path=golden)
     return archive, {
         "id": variants[0].id,
         "format": variants[0].format,
