@@ -19,8 +19,11 @@ guard needs the parser's events, which an ASGI middleware never sees):
   quietly), receiving the request's headers (``header_timeout_s`` from their
   first byte, at most ``max_header_bytes``), receiving its body
   (``body_timeout_s``), or being answered (no deadline: the gateway is the one
-  working). A request cut short answers 408 (431 for headers too large) in
-  JSON before the connection closes;
+  working). A request cut short answers 408 (431 for headers too large, counted
+  by reads and, for a head that comes whole in one read, as the parser reads it)
+  in JSON before the connection closes, lingering: shut for sending, it reads and
+  drops what the client still sends for a while, so that the client reads its
+  answer rather than a reset;
 - at most ``cap`` connections are open (:func:`connection_cap`: a share of the
   process's descriptor limit). One more closes the connection that has waited
   longest for a request or for the end of its headers, so idle and slow
@@ -82,6 +85,9 @@ IDLE = "idle"  # waiting for a request: fresh, or answered and kept alive
 HEADERS = "headers"  # a request has begun; its headers are not all in
 BODY = "body"  # the headers are in, the body is not
 ANSWERING = "answering"  # the request is in; the gateway is working on it
+CLOSING = "closing"  # answered and shut for sending; what still comes is dropped
+LINGER_S = 2.0  # a closing connection reads and drops for this long at most,
+LINGER_BYTES = 16 * 1024 * 1024  # and this much: then it is closed, whatever comes
 
 
 def descriptor_limit() -> int | None:
@@ -231,7 +237,7 @@ class ConnectionTracker:
     def _longest_waiting(self, count: int) -> list[GuardedHttpProtocol]:
         # a linear scan, only at the cap: a few hundred connections at most
         waiting = [c for c in self._open if c.evictable()]
-        waiting.sort(key=lambda c: c.since)
+        waiting.sort(key=lambda c: (c.phase != CLOSING, c.since))  # the closing ones first
         return waiting[:count]
 
 
@@ -250,7 +256,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.phase = IDLE
         self.since = 0.0
         self._deadline: asyncio.TimerHandle | None = None
-        self._header_bytes = 0
+        self._header_bytes = 0  # as read, while the head is not all in
+        self._parsed_head = 0  # as parsed: the request line and the headers
+        self.refused = False  # closed by the guard: the parser's later events are dropped
+        self._dropped = 0  # bytes read and dropped while closing
 
     # -- the phases ---------------------------------------------------------------------
 
@@ -280,12 +289,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
 
     def _start_request(self) -> None:
-        self._header_bytes = 0
+        self._header_bytes = self._parsed_head = 0
         timeout = self.tracker.settings.header_timeout_s
         self._enter(HEADERS, timeout, self._headers_late)
 
     def evictable(self) -> bool:
         """Waiting for a request or its headers, with nothing being answered."""
+        if self.phase == CLOSING:
+            return True
         answered = self.cycle is None or self.cycle.response_complete
         return self.phase in (IDLE, HEADERS) and answered and not self.pipeline
 
@@ -299,25 +310,49 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return not self.cycle.response_started
         return self.cycle.response_complete  # the cycle is the previous request's
 
-    def _close(self, reason: str, status: int | None, message: str = "") -> None:
-        """Close the connection, answering ``status`` first where that cuts into nothing."""
-        if self.transport.is_closing():
+    def _close(
+        self, reason: str, status: int | None, message: str = "", *, linger: bool = True
+    ) -> None:
+        """Close the connection, answering ``status`` first where that cuts into nothing.
+
+        After an answer the connection lingers (:data:`LINGER_S`, :data:`LINGER_BYTES`):
+        its sending side is shut and what the client still sends is read and dropped,
+        since closing with bytes unread resets the connection, and a client still
+        sending (a head or a body too large) would lose its answer to the reset.
+        """
+        self.refused = True
+        if self.transport.is_closing() or self.phase == CLOSING:
             return
         self.tracker.closed(reason)
         if status is not None and self._may_answer():
             default = self.server_state.default_headers
             self.transport.write(_json_response(status, message, default))
+            if linger and self.transport.can_write_eof():
+                self.transport.write_eof()
+                self._dropped = 0
+                self._enter(CLOSING, LINGER_S, self._end)
+                return
+        self._end()
+
+    def _end(self) -> None:
         self.transport.close()
         self.tracker.release(self)
 
     def evict(self) -> None:
         """Close to make room for another connection."""
+        if self.phase == CLOSING:
+            self._end()
+            return
         busy = self.phase == HEADERS
         self._close("evicted", 503 if busy else None, "the gateway needed this connection")
 
     def _headers_late(self) -> None:
         seconds = self.tracker.settings.header_timeout_s
         self._close("header_timeout", 408, f"the request's headers took over {seconds:g} s")
+
+    def _headers_too_large(self) -> None:
+        limit = self.tracker.settings.max_header_bytes
+        self._close("header_too_large", 431, f"the request's headers exceed {limit} bytes")
 
     def _body_late(self) -> None:
         seconds = self.tracker.settings.body_timeout_s
@@ -342,7 +377,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self.tracker.admit(self):
             self.phase = ANSWERING  # never evicted: it is on its way out
             cap = self.tracker.cap
-            self._close("refused", 503, f"the gateway has {cap} connections busy; try again")
+            message = f"the gateway has {cap} connections busy; try again"
+            self._close("refused", 503, message, linger=False)  # not counted: not held
             return
         self._wait_for_request()
 
@@ -354,6 +390,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.tracker.release(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.phase == CLOSING:
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES:
+                self._end()
+            return
         if self.phase == IDLE:
             # from the first byte, even one the parser skips (a stray CRLF resets
             # uvicorn's keep-alive timer and would hold the connection for ever)
@@ -361,20 +402,49 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.phase == HEADERS:
             self._header_bytes += len(data)
         super().data_received(data)
-        limit = self.tracker.settings.max_header_bytes
-        if self.phase == HEADERS and self._header_bytes > limit:
-            self._close("header_too_large", 431, f"the request's headers exceed {limit} bytes")
+        if self.phase == HEADERS and self._header_bytes > self.tracker.settings.max_header_bytes:
+            self._headers_too_large()
 
     def on_message_begin(self) -> None:
+        if self.refused:
+            return
         super().on_message_begin()
         if self.phase != HEADERS:  # a pipelined request behind one being answered
             self._start_request()
 
+    def _head(self, size: int) -> bool:
+        """Count ``size`` more bytes of the head as the parser reads it; whether to go
+        on. A head that comes whole in one read is counted here, before any of it
+        reaches the application (the count by reads only sees heads cut across them)."""
+        if self.refused:
+            return False
+        self._parsed_head += size
+        if self._parsed_head > self.tracker.settings.max_header_bytes:
+            self._headers_too_large()
+            return False
+        return True
+
+    def on_url(self, url: bytes) -> None:
+        if self._head(len(url)):
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head(len(name) + len(value) + 4):  # with ": " and the line's end
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self.refused:
+            return
         super().on_headers_complete()
         self._enter(BODY, self.tracker.settings.body_timeout_s, self._body_late)
 
+    def on_body(self, body: bytes) -> None:
+        if not self.refused:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self.refused:
+            return
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete:
             self._wait_for_request()  # answered before its body was in (a 413, a 401)

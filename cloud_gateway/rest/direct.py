@@ -100,6 +100,8 @@ class DirectInferProtocol(GuardedHttpProtocol):
     # -- the parser's events --------------------------------------------------------------
 
     def on_headers_complete(self) -> None:
+        if self.refused:  # closed by the guard while parsing (a head too large)
+            return
         direct = self._take()
         if direct is None:
             super().on_headers_complete()
@@ -122,7 +124,7 @@ class DirectInferProtocol(GuardedHttpProtocol):
 
     def on_body(self, body: bytes) -> None:
         direct = self._direct
-        if direct is None:
+        if direct is None or self.refused:
             super().on_body(body)
             return
         if direct.response_complete:
@@ -137,7 +139,7 @@ class DirectInferProtocol(GuardedHttpProtocol):
 
     def on_message_complete(self) -> None:
         direct = self._direct
-        if direct is None:
+        if direct is None or self.refused:
             super().on_message_complete()
             return
         self._direct = None
