@@ -4,7 +4,9 @@ A front end parses its wire format into an :class:`InferRequest`,
 authenticates the caller and calls :meth:`DataPlane.infer`; the data plane
 checks the model's name and version against the one rule of
 :mod:`edge_core.names` before anything is looked up (a 400 that gives the
-rule), checks the request against the model (names, datatypes, shapes), queues it in
+rule), checks the request against the model (names, datatypes, shapes, and its size: at
+most the model's ``max_batch_size`` rows, a free-size picture within its manifest's
+pixels, so that no one request takes the memory of many), queues it in
 the model's batcher (or runs it directly when batching is off for the model),
 or, for a remote engine's model, forwards it on the event loop (never batched
 here: the engine batches), keeps its deadline, and returns an
@@ -37,7 +39,7 @@ from edge_core.errors import BadRequest, DeadlineExceeded, EngineError, Permissi
 from edge_core.names import check_model_name, is_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
 from edge_core.status import status_of
-from edge_core.tensors import format_shape
+from edge_core.tensors import check_rows, format_shape
 
 __all__ = ["SERVER_NAME", "DataPlane"]
 
@@ -313,8 +315,16 @@ class DataPlane:
                     f"{format_shape(spec.shape)}"
                 )
             feed[name] = array
-        if model.batchable and len({a.shape[0] for a in feed.values()}) > 1:
-            raise BadRequest("all inputs must have the same batch size")
+        if model.batchable:
+            if len({a.shape[0] for a in feed.values()}) > 1:
+                raise BadRequest("all inputs must have the same batch size")
+            name = model.package.name
+            limit = self.config.batching_for(name).max_batch_size
+            shapes = {key: array.shape for key, array in feed.items()}
+            check_rows(model.inputs, shapes, limit, f"{name}'s max_batch_size")
+        pre = model.package.preprocessing
+        if pre is not None and pre.input in feed:
+            pre.check_input(feed[pre.input].shape)  # a free-size picture: at most its pixels
         return feed
 
     def _deadline(self, request: InferRequest, deadline: float | None) -> float | None:

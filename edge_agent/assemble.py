@@ -141,8 +141,9 @@ def create_inspector(
 
     redaction = Redaction(rules.redaction_mode, rules.mask_scale)
     settings = config.privacy
+    pixels = config.limits.max_image_pixels
     if not settings.face_detector:
-        return PrivacyInspector(None, redaction=redaction)
+        return PrivacyInspector(None, redaction=redaction, max_pixels=pixels)
     from edge_agent.privacy.faces import CHECK, open_detectors, spec_for
 
     preferred = profile.privacy
@@ -164,8 +165,8 @@ def create_inspector(
             "(tools/fetch_models.py fetches the models)",
             exc,
         )
-        return PrivacyInspector(None, redaction=redaction)
-    return PrivacyInspector(detector, checker=checker, redaction=redaction)
+        return PrivacyInspector(None, redaction=redaction, max_pixels=pixels)
+    return PrivacyInspector(detector, checker=checker, redaction=redaction, max_pixels=pixels)
 
 
 def create_agent(
@@ -241,6 +242,8 @@ def create_agent(
         device_state=device_state,
         online=online,
         root=config.root,
+        max_rows=config.limits.max_request_rows,
+        max_pixels=config.limits.max_image_pixels,
     )
 
 

@@ -89,6 +89,14 @@ the sample models, local only)::
     grpc_workers = 4                # gRPC calls running at once
     max_grpc_calls = 64             # gRPC calls running or waiting (more: RESOURCE_EXHAUSTED)
 
+    [limits]                        # what one input may hold, wherever it enters (the local
+                                    # API, infer, redact, streams); checked before it is
+                                    # decoded or run, refused with a 400 naming the limit
+    max_image_pixels = 40000000     # a picture's (each video frame's) width x height, read
+                                    # from its header first
+    max_video_frames = 216000       # frames of one video given to redact (2 h at 30 a second)
+    max_request_rows = 32           # rows (the batch dimension) of one request
+
     [thermal]                       # the thermal and power control loop
     enabled = true
     interval_s = 5
@@ -121,6 +129,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_core.fields import Fields, load_document, resolver
+from edge_core.images import MAX_IMAGE_PIXELS, MAX_VIDEO_FRAMES
 from edge_core.mqtt import MqttSettings, read_mqtt
 from edge_core.paths import default_model_dir
 from edge_core.tls import TLSSettings, read_tls
@@ -130,6 +139,7 @@ __all__ = [
     "ApiSettings",
     "BreakerSettings",
     "GatewaySettings",
+    "LimitSettings",
     "LoggingSettings",
     "OtaSettings",
     "PrivacySettings",
@@ -226,6 +236,16 @@ class ApiSettings:
 
 
 @dataclass(frozen=True)
+class LimitSettings:
+    """What one input may hold, wherever it enters: a decoder allocates what a file's
+    header says and a model what its rows need, so both are held to a limit first."""
+
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+    max_video_frames: int = MAX_VIDEO_FRAMES
+    max_request_rows: int = 32
+
+
+@dataclass(frozen=True)
 class ThermalSettings:
     enabled: bool = True
     interval_s: float = 5.0
@@ -289,6 +309,7 @@ class AgentConfig:
     mqtt: MqttSettings | None = None
     telemetry: TelemetrySettings | None = None
     api: ApiSettings = field(default_factory=ApiSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     thermal: ThermalSettings = field(default_factory=ThermalSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     streams: tuple[StreamSettings, ...] = ()
@@ -351,6 +372,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
         mqtt=mqtt,
         telemetry=_telemetry(fields.table("telemetry", None), mqtt),
         api=_api(fields.table("api", None), resolve),
+        limits=_limits(fields.table("limits", None)),
         thermal=_thermal(fields.table("thermal", None)),
         logging=_logging(fields.table("logging", None)),
         streams=_streams(fields, resolve),
@@ -390,6 +412,17 @@ def _gateway(fields: Fields, resolve: Callable[[str], Path]) -> GatewaySettings 
     )
     g.done()
     return gateway
+
+
+def _limits(f: Fields) -> LimitSettings:
+    defaults = LimitSettings()
+    limits = LimitSettings(
+        max_image_pixels=f.integer("max_image_pixels", defaults.max_image_pixels, minimum=1),
+        max_video_frames=f.integer("max_video_frames", defaults.max_video_frames, minimum=1),
+        max_request_rows=f.integer("max_request_rows", defaults.max_request_rows, minimum=1),
+    )
+    f.done()
+    return limits
 
 
 def _breaker(b: Fields) -> BreakerSettings:

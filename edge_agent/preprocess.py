@@ -1,7 +1,9 @@
 """Image files to input tensors, as a model's manifest describes (OpenCV), and back.
 
-OpenCV is imported on first use only: a device that is never handed an
-image file does not load it.
+A file's header is read before it is decoded, and a picture over the pixel limit is
+refused (:mod:`edge_core.images`); a JPEG much larger than the model's input is
+decoded at a fraction of its size. OpenCV is imported on first use only: a device
+that is never handed an image file does not load it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ from typing import Any
 import numpy as np
 
 from edge_core.errors import InputError
+from edge_core.images import MAX_IMAGE_PIXELS, ImageHeader, check_pixels, image_format, probe
 from edge_core.package import ImagePreprocessing, ModelPackage
 
-__all__ = ["ImageView", "decode_image", "image_to_tensor", "tensor_to_image"]
+__all__ = [
+    "ImageView",
+    "decode_image",
+    "encoded_pictures",
+    "image_to_tensor",
+    "picture_to_tensor",
+    "tensor_to_image",
+]
 
 Array = np.ndarray[Any, Any]
 
@@ -27,23 +37,79 @@ def _cv2() -> Any:
     return cv2
 
 
-def decode_image(data: bytes) -> Array:
-    """Decode PNG/JPEG/... bytes into an ``H x W x 3`` BGR ``uint8`` array.
+def decode_image(
+    data: bytes,
+    *,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    reduce_to: tuple[int, int] | None = None,
+) -> Array:
+    """Decode an image file into an ``H x W x 3`` BGR ``uint8`` array, its header read
+    first (:func:`edge_core.images.probe`): a picture of more than ``max_pixels``
+    is refused before anything is decoded.
+
+    ``reduce_to``: the (height, width) the picture is on its way to; a JPEG at least
+    twice as large each way is decoded at 1/2, 1/4 or 1/8 of its size (libjpeg
+    scales as it decodes, so the full picture is never held), never below it.
 
     Raises:
-        InputError: the bytes are not an image OpenCV can decode.
+        InputError: not a JPEG, PNG, WebP, BMP, GIF or TIFF file, a picture over
+            ``max_pixels``, or one OpenCV cannot decode.
     """
+    return _decode(data, _header(data, max_pixels), reduce_to)
+
+
+def _header(data: bytes, max_pixels: int) -> ImageHeader:
+    header = probe(data)
+    if header is None:
+        raise InputError("cannot decode the image (expected JPEG, PNG, WebP, BMP, GIF or TIFF)")
+    check_pixels(header, max_pixels)
+    return header
+
+
+def _decode(data: bytes, header: ImageHeader, reduce_to: tuple[int, int] | None) -> Array:
     cv2 = _cv2()
-    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
-    if image is None:
-        raise InputError(
-            "cannot decode the image (expected PNG, JPEG, BMP or another format OpenCV reads)"
+    flags = cv2.IMREAD_COLOR
+    factor = _reduction(header, reduce_to)
+    if factor > 1:
+        flags = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4}.get(
+            factor, cv2.IMREAD_REDUCED_COLOR_8
         )
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    if image is None:
+        kind = header.format.upper()
+        raise InputError(f"cannot decode the image: a {kind} file corrupt or cut short")
     return np.asarray(image)
 
 
+def _reduction(header: ImageHeader, target: tuple[int, int] | None) -> int:
+    """The largest of 2, 4 and 8 that a JPEG can be decoded smaller by and still be
+    at least ``target`` each way (1: none)."""
+    if target is None or header.format != "jpeg":
+        return 1
+    for factor in (8, 4, 2):
+        if header.height // factor >= target[0] and header.width // factor >= target[1]:
+            return factor
+    return 1
+
+
+def picture_to_tensor(
+    data: bytes, pre: ImagePreprocessing, *, max_pixels: int = MAX_IMAGE_PIXELS
+) -> tuple[Array, tuple[int, int]]:
+    """An image file as the model's input (a batch of one), and the picture's own
+    height and width: decoded within ``max_pixels``, at a reduced size when the
+    input is much smaller (:func:`decode_image`), then :func:`image_to_tensor`.
+
+    Raises:
+        InputError: see :func:`decode_image`.
+    """
+    header = _header(data, max_pixels)
+    hw = (header.height, header.width)
+    target = pre.input_size(*hw) if pre.fit == "none" else None  # a crop needs every pixel
+    return image_to_tensor(_decode(data, header, target), pre), hw
+
+
 def encoded_pictures(
-    package: ModelPackage, inputs: dict[str, Array]
+    package: ModelPackage, inputs: dict[str, Array], *, max_pixels: int = MAX_IMAGE_PIXELS
 ) -> tuple[dict[str, Array], list[tuple[int, int]] | None]:
     """``inputs`` with the model's picture input, when it comes as image files, decoded and
     preprocessed as the manifest says (as ``edge-agent infer`` reads an image file); and
@@ -55,7 +121,8 @@ def encoded_pictures(
     for the runtime's own checks. A model without image preprocessing is left alone.
 
     Raises:
-        InputError: a file that says it is a picture does not decode.
+        InputError: a file that says it is a picture does not decode, or is over
+            ``max_pixels``.
     """
     pre = package.preprocessing
     value = inputs.get(pre.input) if pre is not None else None
@@ -64,20 +131,17 @@ def encoded_pictures(
     files = _files(value)
     if files is None:
         return inputs, None
-    pictures = [decode_image(data) for data in files]
-    tensors = [image_to_tensor(picture, pre) for picture in pictures]
+    read = [picture_to_tensor(data, pre, max_pixels=max_pixels) for data in files]
+    tensors = [tensor for tensor, _ in read]
     if len({t.shape for t in tensors}) > 1:  # a model that keeps each picture's size
         raise InputError(
             f"input {pre.input!r}: pictures of different sizes make inputs of different "
             f"shapes for {package.name}, and a batch takes one: send them one a request"
         )
-    sizes = [(int(p.shape[0]), int(p.shape[1])) for p in pictures]
-    return {**inputs, pre.input: np.concatenate(tensors)}, sizes
+    return {**inputs, pre.input: np.concatenate(tensors)}, [hw for _, hw in read]
 
 
 def _files(value: Array) -> list[bytes] | None:
-    from edge_agent.privacy.encoded import image_format
-
     if value.dtype == object:
         items = list(value.reshape(-1))
         if items and all(isinstance(v, bytes) and image_format(v) for v in items):
@@ -88,10 +152,6 @@ def _files(value: Array) -> list[bytes] | None:
         if all(image_format(row) for row in rows):
             return rows
     return None
-
-
-def _round_to(value: int, multiple: int) -> int:
-    return max(multiple, round(value / multiple) * multiple)
 
 
 def _fit_box(pixels: Array) -> Array:
@@ -126,10 +186,7 @@ def image_to_tensor(image: Array, pre: ImagePreprocessing) -> Array:
     if pre.fit == "box":
         pixels = _fit_box(pixels)
     height, width = pixels.shape[:2]
-    if pre.size is not None:
-        target = pre.size
-    else:
-        target = (_round_to(height, pre.multiple_of), _round_to(width, pre.multiple_of))
+    target = pre.input_size(height, width)
     if target != (height, width):
         interpolation = {
             "area": cv2.INTER_AREA,

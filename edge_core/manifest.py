@@ -79,6 +79,7 @@ def _preprocessing(fields: Fields, inputs: tuple[TensorSpec, ...]) -> ImagePrepr
         std=tuple(std) if std is not None else None,
         layout=fields.string("layout", "NHWC", choices=["NHWC", "NCHW", "NF"]),
         fit=fields.string("fit", "none", choices=["none", "box"]),
+        max_pixels=fields.integer("max_pixels", None, minimum=1),
     )
     fields.done()
     return pre

@@ -27,18 +27,20 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edge_core.errors import ConfigError, ModelNotFoundError, PackageError
+from edge_core.errors import ConfigError, InputError, ModelNotFoundError, PackageError
 from edge_core.tensors import TensorSpec
 
 __all__ = [
     "FORMATS",
+    "INPUT_PIXELS",
     "MANIFEST",
     "PRECISIONS",
     "Cost",
@@ -69,6 +71,13 @@ def is_file_name(name: object) -> bool:
         and not any(c in name for c in "/\\\0")
         and Path(name).name == name
     )
+
+
+INPUT_PIXELS = 1280 * 960  # a free-size model's input at most, unless its manifest says
+
+
+def _round_to(value: int, multiple: int) -> int:
+    return max(multiple, round(value / multiple) * multiple)
 
 
 class ManifestError(PackageError, ConfigError):
@@ -171,6 +180,12 @@ class ImagePreprocessing:
     its 0..255 values mapped linearly onto ``value_range``, then normalized
     per channel with ``mean`` and ``std`` when given, and laid out as
     ``layout``: ``NHWC``, ``NCHW`` or ``NF`` (flattened features).
+
+    A model that keeps the picture's size takes at most ``max_pixels`` of it
+    (:data:`INPUT_PIXELS` unless the manifest says): a larger picture is scaled
+    down to fit, keeping its aspect, and a larger input tensor is refused
+    (:meth:`check_input`), since such a model's memory grows with its input's
+    pixels (about 180 MB a megapixel for CenterFace and PP-OCR's detector).
     """
 
     input: str
@@ -183,6 +198,48 @@ class ImagePreprocessing:
     std: tuple[float, ...] | None = None
     layout: str = "NHWC"
     fit: str = "none"
+    max_pixels: int | None = None
+
+    @property
+    def input_pixels(self) -> int:
+        """The most pixels the model's input takes: ``size``'s, or ``max_pixels``."""
+        if self.size is not None:
+            return self.size[0] * self.size[1]
+        return self.max_pixels or INPUT_PIXELS
+
+    def input_size(self, height: int, width: int) -> tuple[int, int]:
+        """The input's (height, width) for a picture of that size (after a ``fit``
+        crop): ``size``, or the picture's own rounded to ``multiple_of``, scaled down
+        first (rounded down then) to at most :attr:`input_pixels`."""
+        if self.size is not None:
+            return self.size
+        multiple, budget = self.multiple_of, self.input_pixels
+        rounded = (_round_to(height, multiple), _round_to(width, multiple))
+        if rounded[0] * rounded[1] <= budget:
+            return rounded
+        scale = math.sqrt(budget / (height * width))
+        return (
+            max(multiple, int(height * scale) // multiple * multiple),
+            max(multiple, int(width * scale) // multiple * multiple),
+        )
+
+    def check_input(self, shape: Sequence[int]) -> None:
+        """Refuse an input tensor (of the preprocessed picture) larger than the model
+        takes: its height and width (by ``layout``) within :attr:`input_pixels`.
+
+        Raises:
+            InputError: too many pixels; the message gives them and the limit.
+        """
+        if self.size is not None or self.layout == "NF" or len(shape) != 4:
+            return  # a fixed size is the shape check's; a flat input has no sides
+        height, width = (shape[2], shape[3]) if self.layout == "NCHW" else (shape[1], shape[2])
+        if height * width > self.input_pixels:
+            raise InputError(
+                f"input {self.input!r} is {height}x{width} pixels, more than the "
+                f"{self.input_pixels:,} the model takes (its preprocessing's max_pixels): "
+                "scale the picture down, or send the picture itself",
+                input_name=self.input,
+            )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -203,6 +260,8 @@ class ImagePreprocessing:
             out["std"] = list(self.std)
         if self.fit != "none":
             out["fit"] = self.fit
+        if self.max_pixels is not None:
+            out["max_pixels"] = self.max_pixels
         return out
 
 

@@ -35,6 +35,7 @@ from edge_core.errors import InputError
 __all__ = [
     "DATATYPES",
     "TensorSpec",
+    "check_rows",
     "convert_input",
     "datatype_of",
     "format_shape",
@@ -133,6 +134,28 @@ class TensorSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def check_rows(
+    specs: Sequence[TensorSpec], shapes: Mapping[str, Sequence[int]], limit: int, setting: str
+) -> None:
+    """Refuse a request whose batch holds more than ``limit`` rows: the first dimension
+    of each input whose spec leaves it open. A model's memory grows with its rows (a
+    runtime plans every intermediate tensor for the whole batch), so one request must
+    not hold more than the server would batch together. ``setting`` names the limit
+    in the message (``max_batch_size``, ``[limits] max_request_rows``).
+
+    Raises:
+        InputError: too many rows; the message names the input, its rows and the limit.
+    """
+    for spec in specs:
+        shape = shapes.get(spec.name)
+        if shape and spec.shape and spec.shape[0] < 0 and shape[0] > limit:
+            raise InputError(
+                f"input {spec.name!r} holds {shape[0]} rows, more than the {limit} a request "
+                f"may ({setting}): send them in several requests",
+                input_name=spec.name,
+            )
 
 
 def validate_inputs(

@@ -20,10 +20,11 @@ from edge_agent.agent import DEFAULT_POLICY, Agent
 from edge_agent.offload import ExitGuard, OffloadClient, Transport
 from edge_agent.policy import Action, PolicyRules, load_policy
 from edge_agent.privacy import FaceFinder, PrivacyInspector, encoded_images
-from edge_agent.privacy.encoded import carries_metadata, decode, image_format
+from edge_agent.privacy.encoded import carries_metadata, decode
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import PolicyRejected, PrivacyRefusal
+from edge_core.images import image_format
 from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.repository import ModelRepository
 

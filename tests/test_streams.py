@@ -362,3 +362,40 @@ def test_listeners_of_a_stream_that_goes_away_end() -> None:
     assert listener.next(1) == '{"frame":1,"score":null}'  # what was left, strict JSON
     assert listener.next(1) is not None and listener.next(5) is None and listener.ended
     assert broadcaster.subscribe() is None
+
+
+class BigFrames(FakeCapture):
+    """A camera whose frames are larger than it says (its properties give no size)."""
+
+    def read(self) -> tuple[bool, np.ndarray | None]:
+        if self.left <= 0:
+            return False, None
+        self.left -= 1
+        return True, np.zeros((480, 640, 3), np.uint8)
+
+    def get(self, prop: int) -> float:
+        return 0.0
+
+
+def test_frames_over_the_pixel_limit_end_the_stream_failed(tmp_path: Path) -> None:
+    """Issue 29, item 1: a source whose frames are over ``[limits] max_image_pixels``
+    ends failed, with the limit named; by what its container says (a file), or by the
+    first frame when it says nothing (a camera); reopening would not shrink them."""
+    video = write_video(tmp_path / "clip.avi", 5)
+    results: list[dict[str, Any]] = []
+    stream = Stream(
+        settings(video, realtime=False), LIGHT, infer=lambda *a, **k: None,
+        emit=results.append, open_capture=lambda: open_capture(str(video)), max_pixels=10_000,
+    )  # fmt: skip
+    run_stream(stream, timeout=20)
+    assert stream.stats.state == "failed" and results == []
+    assert stream.error is not None and "160x120 (19,200 pixels)" in stream.error
+    assert "limit of 10,000 pixels" in stream.error
+    entry = StreamSettings(name="door", source="/dev/video9", model="digits-light")
+    camera = Stream(
+        entry, LIGHT, open_capture=lambda: BigFrames(3), emit=results.append,
+        infer=lambda *a, **k: None, max_pixels=100_000,
+    )  # fmt: skip
+    run_stream(camera, timeout=20)
+    assert camera.stats.state == "failed" and results == []
+    assert camera.error is not None and "640x480 (307,200 pixels)" in camera.error

@@ -40,10 +40,11 @@ from edge_core.errors import (
     PolicyRejected,
     PrivacyRefusal,
 )
+from edge_core.images import MAX_IMAGE_PIXELS
 from edge_core.names import check_model_name
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
-from edge_core.tensors import convert_input, datatype_of
+from edge_core.tensors import check_rows, convert_input, datatype_of
 
 __all__ = ["DEFAULT_POLICY", "Agent"]
 
@@ -70,11 +71,14 @@ class Agent:
         device_state: Callable[[], DeviceState] | None = None,
         online: Callable[[], bool] = lambda: True,
         root: Path = Path("/"),
+        max_rows: int = 32,
+        max_pixels: int = MAX_IMAGE_PIXELS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``online`` tells whether the device has a network link at all (e.g. the MQTT
         connection's state); ``device_state`` its heat and load (by default read under
-        ``root`` at most once a second)."""
+        ``root`` at most once a second). ``max_rows``: the rows one request may hold;
+        ``max_pixels``: a picture's, for those who decode one for it (``[limits]``)."""
         self.profile = profile
         self.rules = rules
         self.inspector = inspector or PrivacyInspector(None)
@@ -90,6 +94,8 @@ class Agent:
             lambda: read_device_state(profile, root), clock=clock
         )
         self._clock = clock
+        self.max_rows = max_rows
+        self.max_pixels = max_pixels
         # the power mode in force, as the service that applies it says (None: none applied)
         self.power_mode: str | None = profile.default_power_mode
 
@@ -262,16 +268,21 @@ class Agent:
         check_model_name(model)
         if label is not None and label not in LABELS:
             raise InputError(f"unknown label {label!r:.40}; expected one of {', '.join(LABELS)}")
-        if version is not None:
-            package = self.models.package(model)
-            if package is not None and package.version != version:
-                raise ModelNotFoundError(
-                    f"model {model!r} has no version {version} on this device "
-                    f"(it serves version {package.version})"
-                )
+        package = self.models.package(model)
+        if version is not None and package is not None and package.version != version:
+            raise ModelNotFoundError(
+                f"model {model!r} has no version {version} on this device "
+                f"(it serves version {package.version})"
+            )
+        arrays = as_arrays(inputs)
+        if package is not None:
+            shapes = {name: array.shape for name, array in arrays.items()}
+            check_rows(package.inputs, shapes, self.max_rows, "[limits] max_request_rows")
+            if package.preprocessing is not None and package.preprocessing.input in shapes:
+                package.preprocessing.check_input(shapes[package.preprocessing.input])
         return Request(
             model=model,
-            arrays=as_arrays(inputs),
+            arrays=arrays,
             label=label,
             deadline=started + (deadline_ms or self.deadline_ms) / 1000,
             request_id=request_id or uuid.uuid4().hex,

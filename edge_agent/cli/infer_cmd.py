@@ -23,6 +23,7 @@ from edge_agent.policy.rules import LABELS
 from edge_agent.profiles import DeviceProfile
 from edge_agent.results import describe_outputs
 from edge_core.errors import InputError
+from edge_core.images import MAX_IMAGE_PIXELS, probe
 from edge_core.package import ModelPackage
 from edge_core.repository import ModelRepository
 from edge_core.runtime import open_variant
@@ -63,11 +64,14 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=_infer)
 
 
-def read_input(package: ModelPackage, path: Path) -> dict[str, np.ndarray[Any, Any]]:
+def read_input(
+    package: ModelPackage, path: Path, *, max_pixels: int = MAX_IMAGE_PIXELS
+) -> dict[str, np.ndarray[Any, Any]]:
     """The model's inputs from a ``.npy``/``.npz``/image file.
 
     A ``.npy`` array with one dimension fewer than the model's input is one
-    item: a batch dimension is added.
+    item: a batch dimension is added. A picture over ``max_pixels`` is refused
+    before it is decoded.
 
     Raises:
         InputError: the file is missing, unreadable, or of a kind the model cannot take.
@@ -95,10 +99,11 @@ def read_input(package: ModelPackage, path: Path) -> dict[str, np.ndarray[Any, A
                 f"{package.name} does not take images (its manifest has no preprocessing); "
                 "pass a .npy file"
             )
-        from edge_agent.preprocess import decode_image, image_to_tensor
+        from edge_agent.preprocess import picture_to_tensor
 
-        tensor = image_to_tensor(decode_image(path.read_bytes()), package.preprocessing)
-        return {package.preprocessing.input: tensor}
+        pre = package.preprocessing
+        tensor, _ = picture_to_tensor(path.read_bytes(), pre, max_pixels=max_pixels)
+        return {pre.input: tensor}
     raise InputError(
         f"unsupported input file {path.name}: expected .npy, .npz or an image "
         f"({', '.join(sorted(IMAGE_SUFFIXES))})"
@@ -110,10 +115,8 @@ def picture_hw(path: Path) -> tuple[int, int] | None:
     pixels."""
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         return None
-    from edge_agent.preprocess import decode_image
-
-    height, width = decode_image(path.read_bytes()).shape[:2]
-    return height, width
+    header = probe(path.read_bytes())
+    return (header.height, header.width) if header is not None else None
 
 
 def _described(args: argparse.Namespace, package: ModelPackage, outputs: Any) -> dict[str, Any]:
@@ -130,7 +133,7 @@ def agent_input(agent: Agent, args: argparse.Namespace) -> dict[str, np.ndarray[
         raise CliError(
             f"unknown model {args.model!r}: its manifest is needed to read the input file"
         )
-    return read_input(package, args.input)
+    return read_input(package, args.input, max_pixels=agent.max_pixels)
 
 
 def _infer(args: argparse.Namespace) -> int:
@@ -164,7 +167,7 @@ def _infer(args: argparse.Namespace) -> int:
 def _infer_variant(args: argparse.Namespace, config: AgentConfig, profile: DeviceProfile) -> int:
     """An explicit variant: run it on this device, no policy."""
     package = ModelRepository(config.model_dir).get(args.model, args.version)
-    inputs = read_input(package, args.input)
+    inputs = read_input(package, args.input, max_pixels=config.limits.max_image_pixels)
     session = open_variant(package, package.variant(args.variant), profile.runtime)
     start = time.perf_counter()
     outputs = session.run(inputs)

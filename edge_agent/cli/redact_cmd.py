@@ -27,12 +27,13 @@ from edge_agent.cli.common import (
     agent_settings,
     print_json,
 )
+from edge_agent.config import LimitSettings
 from edge_agent.policy import load_policy
 from edge_agent.policy.rules import REDACTION_MODES
 from edge_agent.privacy import PrivacyInspector, Redaction
-from edge_agent.privacy.encoded import image_format
 from edge_agent.privacy.video import VIDEO_SUFFIXES, output_path, redact_video
 from edge_core.errors import EdgeError
+from edge_core.images import image_format
 from edge_core.repository import ModelRepository
 
 _WRITTEN_AS = {"jpeg": None, "png": None, "webp": None, "bmp": None, "gif": ".png", "tiff": ".png"}
@@ -92,7 +93,7 @@ def _redact(args: argparse.Namespace) -> int:
     results, failed = [], []
     for source in args.inputs:
         try:
-            result = _one(source, args, inspector, redaction)
+            result = _one(source, args, inspector, redaction, config.limits)
         except EdgeError as exc:
             result = {"input": str(source), "error": str(exc)}
             failed.append(str(source))
@@ -104,10 +105,14 @@ def _redact(args: argparse.Namespace) -> int:
 
 
 def _one(
-    source: Path, args: argparse.Namespace, inspector: PrivacyInspector, redaction: Redaction
+    source: Path,
+    args: argparse.Namespace,
+    inspector: PrivacyInspector,
+    redaction: Redaction,
+    limits: LimitSettings,
 ) -> dict[str, Any]:
-    data = source.read_bytes()
-    fmt = image_format(data[:64])
+    with source.open("rb") as file:
+        fmt = image_format(file.read(64))  # a video is never read whole
     if fmt is None and source.suffix.lower() not in VIDEO_SUFFIXES:
         raise CliError(f"{source} is neither a picture nor a video this command reads")
     if fmt is None:
@@ -120,10 +125,13 @@ def _one(
             None if args.no_check else inspector.checker,
             redaction,
             keep=args.keep_frames,
+            max_pixels=limits.max_image_pixels,
+            max_frames=limits.max_video_frames,
         )
         return {"input": str(source), **result.to_dict()}
     suffix = _WRITTEN_AS.get(fmt) or source.suffix
     target = _target(source, args.out / (source.stem + suffix))
+    data = source.read_bytes()
     redacted = inspector.anonymize({"image": np.array([data], dtype=object)}, redaction)
     target.write_bytes(redacted.outputs["image"][0])
     return {"input": str(source), "kind": "picture", "output": str(target), "faces": redacted.faces}

@@ -20,23 +20,19 @@ redacted request.
 from __future__ import annotations
 
 import base64
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from edge_agent.preprocess import ImageView, tensor_to_image
-from edge_agent.privacy.encoded import (
-    carries_metadata,
-    decode,
-    encode,
-    image_format,
-    unwrap_base64,
-)
+from edge_agent.privacy.encoded import carries_metadata, decode, encode, unwrap_base64
 from edge_agent.privacy.faces import Face, FaceFinder
 from edge_agent.privacy.redact import Redaction, redact_faces
 from edge_agent.privacy.text import find_pii, mask_pii
 from edge_core.errors import InputError, PrivacyRefusal
+from edge_core.images import MAX_IMAGE_PIXELS, image_format
 from edge_core.package import ImagePreprocessing
 
 __all__ = [
@@ -211,7 +207,8 @@ class PrivacyInspector:
     guard treats as "cannot prove clean". So is any tensor that may be a picture
     but whose layout cannot be read: the guard fails closed. ``checker`` is the
     stronger eye that redacted pictures must pass (default: ``faces`` itself);
-    ``redaction`` how faces are hidden.
+    ``redaction`` how faces are hidden. An image file over ``max_pixels`` is
+    refused before it is decoded (:class:`~edge_core.errors.InputError`).
     """
 
     def __init__(
@@ -220,10 +217,12 @@ class PrivacyInspector:
         *,
         checker: FaceFinder | None = None,
         redaction: Redaction | None = None,
+        max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         self.detector = faces
         self.checker = checker or faces
         self.redaction = redaction or Redaction()
+        self.max_pixels = max_pixels
 
     def _eye(self, strict: bool) -> FaceFinder | None:
         return self.checker if strict else self.detector
@@ -272,7 +271,7 @@ class PrivacyInspector:
             return
         if any(carries_metadata(data) for data in images.values()):
             findings.metadata.append(name)
-        decoded = [decode(data) for data in images.values()]
+        decoded = [decode(data, self.max_pixels) for data in images.values()]
         if detector is None or any(rgb is None for rgb in decoded):
             findings.unsearchable.append(name)
             return
@@ -283,7 +282,7 @@ class PrivacyInspector:
         """An image file written again from its pixels (faces redacted): no metadata.
         ``None`` for one that cannot be decoded: it is left as it is, for the exit guard
         to refuse."""
-        rgb = decode(data)
+        rgb = decode(data, self.max_pixels)
         if rgb is None:
             return None
         if self.checker is not None:  # also what the detector missed and the checker sees
@@ -366,7 +365,8 @@ class PrivacyInspector:
         """
         inspector = self
         if redaction is not None:
-            inspector = PrivacyInspector(self.detector, checker=self.checker, redaction=redaction)
+            inspector = copy.copy(self)
+            inspector.redaction = redaction
         findings = inspector.inspect(inputs)
         if findings.unsearchable:
             raise InputError(

@@ -2,9 +2,10 @@
 
 A request can carry a picture as its file's bytes (JPEG, PNG, WebP, BMP, GIF,
 TIFF): a ``BYTES`` element, or a flat ``uint8`` tensor. Such bytes are
-recognised by their signature (:func:`image_format`), decoded with OpenCV
-(:func:`decode`; an animated or multi-page image, or one OpenCV cannot read,
-gives ``None``: it cannot be searched), and written again from pixels only
+recognised by their signature (:func:`~edge_core.images.image_format`), their
+header read, and decoded with OpenCV (:func:`decode`; an animated or multi-page
+image, or one OpenCV cannot read, gives ``None``: it cannot be searched; one over
+the pixel limit is refused), and written again from pixels only
 (:func:`encode`), which drops whatever metadata the file carried (EXIF with its
 GPS position and camera serial, XMP, IPTC, comments). :func:`carries_metadata`
 tells whether a file may still hold such metadata.
@@ -19,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["carries_metadata", "decode", "encode", "image_format", "unwrap_base64"]
+from edge_core.images import MAX_IMAGE_PIXELS, check_pixels, image_format, probe
+
+__all__ = ["carries_metadata", "decode", "encode", "unwrap_base64"]
 
 Array = np.ndarray[Any, Any]
 
-# BMP's DIB header sizes (core, info, v2-v5): "BM" alone is too common in text.
-_BMP_HEADERS = {12, 40, 52, 56, 64, 108, 124}
 # How each format is written again; formats OpenCV writes with metadata of their own
 # (TIFF's tags) or not everywhere (GIF) become PNG.
 _WRITE_AS = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp"}
@@ -60,33 +61,20 @@ def unwrap_base64(text: bytes) -> tuple[bytes, bytes] | None:
     return (prefix, b"") if sure else None
 
 
-def image_format(data: bytes) -> str | None:
-    """The image format ``data`` starts with, or ``None``."""
-    if data.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if data.startswith((b"GIF87a", b"GIF89a")):
-        return "gif"
-    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
-        return "webp"
-    if data.startswith((b"II*\x00", b"MM\x00*")):
-        return "tiff"
-    if (
-        data.startswith(b"BM")
-        and len(data) >= 18
-        and data[6:10] == b"\x00\x00\x00\x00"
-        and int.from_bytes(data[14:18], "little") in _BMP_HEADERS
-    ):
-        return "bmp"
-    return None
-
-
-def decode(data: bytes) -> Array | None:
+def decode(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Array | None:
     """The RGB ``uint8`` picture in ``data``; ``None`` when it cannot be read as one
-    picture (corrupt, a format this OpenCV lacks, several frames or pages)."""
+    picture (corrupt, a format this OpenCV lacks, several frames or pages). The header
+    is read first: several frames are never decoded, nor a picture over the limit.
+
+    Raises:
+        InputError: a picture of more than ``max_pixels``.
+    """
     import cv2
 
+    header = probe(data)
+    if header is None or header.frames != 1:
+        return None
+    check_pixels(header, max_pixels)
     try:
         ok, frames = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error:

@@ -16,6 +16,7 @@ is not carried** (the output is silent), nor are subtitles or metadata.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -28,8 +29,22 @@ import numpy as np
 from edge_agent.privacy.faces import Face, FaceFinder
 from edge_agent.privacy.redact import Redaction, hide, redact_faces
 from edge_core.errors import InputError
+from edge_core.images import (
+    MAX_IMAGE_PIXELS,
+    MAX_VIDEO_FRAMES,
+    ImageHeader,
+    check_pixels,
+    check_video,
+)
 
-__all__ = ["VIDEO_SUFFIXES", "VideoResult", "carried", "output_path", "redact_video"]
+__all__ = [
+    "VIDEO_SUFFIXES",
+    "VideoResult",
+    "carried",
+    "output_path",
+    "redact_video",
+    "video_limits",
+]
 
 Array = np.ndarray[Any, Any]
 T = TypeVar("T")
@@ -103,35 +118,51 @@ def redact_video(
     *,
     keep: int = 2,
     on_frame: Callable[[int, list[Face]], None] | None = None,
+    max_pixels: int = MAX_IMAGE_PIXELS,
+    max_frames: int = MAX_VIDEO_FRAMES,
 ) -> VideoResult:
     """Redact ``source`` into ``target``; ``checker`` ``None``: frames are not checked.
     ``on_frame(index, hidden)`` is told what was hidden in each frame written.
 
+    A video whose frames are over ``max_pixels``, or that says it has more than
+    ``max_frames`` of them, is refused before a frame is decoded; one that goes on
+    past ``max_frames`` all the same is stopped there, and ``target`` removed.
+
     Raises:
-        InputError: ``source`` is not a video OpenCV can read, or ``target`` cannot
-            be written.
+        InputError: ``source`` is not a video OpenCV can read, is over a limit, or
+            ``target`` cannot be written.
     """
     import cv2
 
     capture = cv2.VideoCapture(str(source))
     if not capture.isOpened():
         raise InputError(f"cannot read {source} as a video")
+    try:
+        video_limits(capture, str(source), max_pixels, max_frames)
+    except InputError:
+        capture.release()
+        raise
     fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
     writer: Any = None
     counts = {"frames": 0, "with_faces": 0, "faces": 0, "left": 0}
     started = time.perf_counter()
 
     def frames() -> Iterator[tuple[Array, list[Face]]]:
-        while True:
+        for index in itertools.count():
             ok, bgr = capture.read()
             if not ok:
                 return
+            if index >= max_frames:
+                raise InputError(f"{source} has more than {max_frames:,} frames (max_video_frames)")
+            height, width = bgr.shape[:2]  # a header that lied: held to the limit all the same
+            check_pixels(ImageHeader("video", width, height), max_pixels, f"a frame of {source}")
             rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
             faces = detector.detect(rgb)
             counts["with_faces"] += bool(faces)
             counts["faces"] += len(faces)
             yield rgb, faces
 
+    complete = False
     try:
         for rgb, faces in carried(frames(), keep):
             if checker is not None:
@@ -145,10 +176,13 @@ def redact_video(
             if on_frame is not None:
                 on_frame(counts["frames"], faces)
             counts["frames"] += 1
+        complete = True
     finally:
         capture.release()
         if writer is not None:
             writer.release()
+            if not complete:
+                target.unlink(missing_ok=True)  # a video cut short is no redacted copy
     if counts["frames"] == 0:
         raise InputError(f"{source} has no frame OpenCV can decode")
     return VideoResult(
@@ -160,6 +194,21 @@ def redact_video(
         seconds=time.perf_counter() - started,
         output=target,
     )
+
+
+def video_limits(capture: Any, source: str, max_pixels: int, max_frames: int) -> None:
+    """Hold an opened capture to the limits by what its container says
+    (:func:`edge_core.images.check_video`).
+
+    Raises:
+        InputError: over a limit.
+    """
+    import cv2
+
+    width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+    height = int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    frames = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    check_video(width, height, frames, max_pixels, max_frames, source)
 
 
 def _writer(target: Path, fps: float, width: int, height: int) -> Any:

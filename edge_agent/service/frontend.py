@@ -169,7 +169,9 @@ class LocalService:
                     )
                 # pictures as files (a camera's JPEG): preprocessed as the manifest says
                 inputs, sizes = (
-                    encoded_pictures(package, request.inputs) if package else (request.inputs, None)
+                    encoded_pictures(package, request.inputs, max_pixels=agent.max_pixels)
+                    if package
+                    else (request.inputs, None)
                 )
                 timeout_us = request.timeout_us
                 result = agent.infer(

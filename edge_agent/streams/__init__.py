@@ -105,6 +105,7 @@ class Streams:
                 self.streams[entry.name] = Stream(
                     entry, packages[entry.name], infer=infer, emit=sink, packages=package_of,
                     open_capture=functools.partial(open_source, entry.source),
+                    max_pixels=looked_up.max_pixels,
                 )  # fmt: skip
         except BaseException:
             self._close_sinks()

@@ -47,6 +47,7 @@ from edge_agent.results import describe_outputs
 from edge_agent.streams.rules import LatestSlot, key_frame, thumbnail
 from edge_agent.streams.source import Capture, Frame, Source
 from edge_core.errors import EdgeError, InputError
+from edge_core.images import MAX_IMAGE_PIXELS
 from edge_core.package import ModelPackage
 from edge_core.status import status_of
 
@@ -124,10 +125,11 @@ class Stream:
         packages: Callable[[str], ModelPackage | None] = lambda name: None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         """``package``: the model's (its image preprocessing makes a frame its input);
         ``packages``: the package of another model that answered (the cloud's, a
-        stand-in), to read its outputs.
+        stand-in), to read its outputs; ``max_pixels``: a frame's at most.
 
         Raises:
             InputError: the model takes no pictures (no image preprocessing).
@@ -146,7 +148,7 @@ class Stream:
         self._clock = clock
         self._stop = threading.Event()
         self.source = Source(settings, open_capture, stop=self._stop, clock=clock, wall=wall,
-                             on_state=self._on_state)  # fmt: skip
+                             on_state=self._on_state, max_pixels=max_pixels)  # fmt: skip
         self._slot: LatestSlot[Frame] = LatestSlot()
         self._prepared: LatestSlot[Prepared] = LatestSlot()
         # a camera (or a file in real time) cannot wait: the newest frame wins; a file read

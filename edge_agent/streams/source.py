@@ -21,6 +21,8 @@ import numpy as np
 
 from edge_agent.config import StreamSettings
 from edge_agent.streams.rules import next_due
+from edge_core.errors import InputError
+from edge_core.images import MAX_IMAGE_PIXELS, check_video
 
 __all__ = ["REOPEN_FIRST_S", "REOPEN_MAX_S", "STATES", "Capture", "Frame", "Source", "is_live"]
 
@@ -67,9 +69,13 @@ class Source:
         clock: Callable[[], float],
         wall: Callable[[], float],
         on_state: Callable[[str], None] = lambda state: None,
+        max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
-        """``on_state`` hears ``running``, ``reconnecting``, ``ended`` or ``failed``."""
+        """``on_state`` hears ``running``, ``reconnecting``, ``ended`` or ``failed``;
+        frames over ``max_pixels`` end the stream, failed (reopening would not shrink
+        them), by what the source says before a frame is decoded."""
         self.settings = settings
+        self.max_pixels = max_pixels
         self.live = is_live(settings.source)
         self.error: str | None = None  # why a file could not be read, when it could not
         self.reopened = 0
@@ -102,6 +108,11 @@ class Source:
                     for frame in self._read(capture):
                         got = True
                         yield frame
+                except InputError as exc:  # frames over the limit: no reopening helps
+                    self.error = f"{self.settings.source}: {exc}"
+                    log.error("stream %s: %s", self.settings.name, self.error)
+                    self._state("failed")
+                    return
                 finally:
                     capture.release()
                 if not self.live or self._stop.is_set():
@@ -123,6 +134,12 @@ class Source:
     def _read(self, capture: Capture) -> Iterator[Frame]:
         import cv2
 
+        name, limit = self.settings.source, self.max_pixels
+        width, height = (
+            capture.get(cv2.CAP_PROP_FRAME_WIDTH),
+            capture.get(cv2.CAP_PROP_FRAME_HEIGHT),
+        )
+        check_video(int(width or 0), int(height or 0), 0, limit, 1, name)
         realtime = self.settings.realtime and not self.live  # a live source sets its own pace
         fps = capture.get(cv2.CAP_PROP_FPS) if realtime else 0.0
         interval = 1.0 / fps if fps and fps > 0 else 0.0
@@ -137,6 +154,7 @@ class Source:
             if not ok or pixels is None:
                 return
             now = self._clock()
+            check_video(pixels.shape[1], pixels.shape[0], 0, limit, 1, name)  # it may lie
             self._index += 1
             take, due = next_due(due, now, self.settings.rate)
             if take:
