@@ -6,6 +6,9 @@ ONNX Runtime lacks is skipped with a warning; one that is present but fails
 to initialise is dropped by ONNX Runtime itself, and :attr:`Session.device`
 tells what actually runs. The CPU provider is always the last resort.
 
+The CPU arena is given back after a run much larger than the session's usual ones
+(:meth:`OnnxSession._outlier`), so that one large request does not keep its peak.
+
 ONNX Runtime's exceptions (the ``onnxruntime_pybind11_state`` classes, plus
 ``RuntimeError``/``ValueError`` from its Python wrapper) are translated here
 and nowhere else: ``INVALID_ARGUMENT`` while running (an index out of range,
@@ -15,6 +18,8 @@ say) is the caller's :class:`InputError`; anything else an ``InferenceError``.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +35,7 @@ __all__ = ["OnnxSession"]
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
+SHRINK_WINDOW = 32  # runs remembered to tell one that stands out from the usual
 _ORT_TYPES = {
     "tensor(float)": "FP32",
     "tensor(float16)": "FP16",
@@ -149,6 +155,10 @@ class OnnxSession(Session):
                 warnings.append(message)
         self._session = session
         self._output_names = [node.name for node in session.get_outputs()]
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._recent: deque[int] = deque(maxlen=SHRINK_WINDOW)
+        self._recent_lock = threading.Lock()
         super().__init__(
             tuple(_spec(node) for node in session.get_inputs()),
             tuple(_spec(node) for node in session.get_outputs()),
@@ -156,9 +166,22 @@ class OnnxSession(Session):
             warnings=warnings,
         )
 
+    def _outlier(self, feeds: dict[str, Array]) -> bool:
+        """Whether a run is larger than this session's usual (its inputs over twice the
+        largest of the last :data:`SHRINK_WINDOW` runs'): its memory is then given back
+        when it ends. ONNX Runtime's arena keeps what its largest run needed, and every
+        run pays the page faults of a fresh allocation without it: so only a run that
+        stands out shrinks it, and one the session keeps seeing becomes the usual."""
+        size = sum(value.nbytes for value in feeds.values())
+        with self._recent_lock:
+            usual = max(self._recent, default=None)
+            self._recent.append(size)
+        return usual is not None and size > 2 * usual
+
     def _run(self, feeds: dict[str, Array]) -> dict[str, Array]:
+        options = self._shrink if self._outlier(feeds) else None
         try:
-            results = self._session.run(self._output_names, feeds)
+            results = self._session.run(self._output_names, feeds, options)
         except self._invalid_argument as exc:
             # e.g. an index input out of range: the caller's values, not the model, are at fault
             raise InputError(f"the model refused the input: {_status_message(exc)}") from exc
