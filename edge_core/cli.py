@@ -15,6 +15,7 @@ import sys
 import traceback
 
 from edge_core.errors import EdgeError
+from edge_core.memory import give_back_large_buffers
 
 __all__ = ["run_command"]
 
@@ -29,8 +30,10 @@ def run_command(
 
     ``expected`` errors (the package's own) print one line; anything else is a
     bug and prints one line that says so (the traceback with ``--debug``); a
-    closed stdout pipe ends the command quietly.
+    closed stdout pipe ends the command quietly. Large buffers are given back to the
+    system when freed (:func:`~edge_core.memory.give_back_large_buffers`).
     """
+    give_back_large_buffers()
     try:
         code = int(args.run(args))
         # Flush here, not at exit, so that a closed pipe is caught below.
