@@ -36,12 +36,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
 
-    async def _guard(self, context: Any, call: Callable[[], Awaitable[T]]) -> T:
+    async def _guard(self, context: Any, call: Callable[[], Awaitable[T]]) -> T | None:
         try:
             return await call()
         except Exception as exc:
-            await _abort(context, exc)
-            raise  # abort raises; this is never reached
+            _fail(context, exc)
+            return None
 
     def _device(self, context: Any, *, admin: bool = False) -> Device:
         token = None
@@ -112,8 +112,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             )
             return response_to_proto(response)
         except Exception as exc:
-            await _abort(context, exc)
-            raise  # abort raises; this is never reached
+            _fail(context, exc)
+            return None
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
@@ -149,12 +149,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._guard(context, call)
 
 
-async def _abort(context: Any, exc: Exception) -> None:
-    """End the call with ``exc``'s status (raises, as ``context.abort`` does)."""
+def _fail(context: Any, exc: Exception) -> None:
+    """Set ``exc``'s status as the call's; the handler returns ``None`` after it.
+
+    Not ``context.abort``: its exception would carry ``exc``, whose traceback holds the
+    frames that hold the request, in a cycle through gRPC's own frames: every failed
+    request's message would stay in memory until the garbage collector's next full
+    pass."""
     status = status_of(exc)
     if status.kind == "internal":
         log.error("gRPC call failed: %s", exc)
-    await context.abort(grpc.StatusCode[status.grpc], status.message)
+    context.set_code(grpc.StatusCode[status.grpc])
+    context.set_details(status.message)
 
 
 def _checked(method: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:

@@ -158,12 +158,15 @@ def _guarded(method: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         try:
             return method(request, context)
         except Exception as exc:
+            # the status set, not context.abort: its exception would hold this one and,
+            # through its traceback, the request, in a cycle only a full collection frees
             status = status_of(exc)
-            message = status.message
             trailing = _decision_metadata(exc)
             if trailing:
                 context.set_trailing_metadata(trailing)
-            context.abort(grpc.StatusCode[status.grpc], message)
+            context.set_code(grpc.StatusCode[status.grpc])
+            context.set_details(status.message)
+            return None
 
     return handler
 
