@@ -124,6 +124,7 @@ def write_config(
     grpc_port: int,
     extra: str = "",
     api: str = "",
+    privacy: bool = False,
 ) -> None:
     path.write_text(
         f"""device_id = "cam-01"
@@ -132,7 +133,7 @@ root = "{root}"
 model_dir = "{models}"
 state_dir = "{path.parent / "state"}"
 [privacy]
-face_detector = false
+face_detector = {str(privacy).lower()}
 [api]
 http_port = {http_port}
 grpc_port = {grpc_port}
@@ -152,13 +153,19 @@ def start_agent(
     api: str = "",
     cpus: int = 2,
     models: tuple[str, ...] = ("digits-light",),
+    privacy: bool = False,
+    address_space: int | None = None,
 ) -> Running:
     """``cpus``: CPUs with cpufreq in the fake root (0: a board whose power modes cannot
-    be applied); ``models``: the sample models it has."""
+    be applied); ``models``: the sample models it has; ``privacy``: whether it searches
+    pictures for faces (the models must include the detector's); ``address_space``: the
+    process's limit on virtual memory in bytes (``prlimit --as``): a request that would
+    take more fails in the agent rather than take the machine."""
     root = make_root(tmp / "root", cpus=cpus, temperatures={0: 50_000})
     http_port, grpc_port = free_port(), free_port()
     config = tmp / "agent.toml"
-    write_config(config, root, light_repository(tmp, models), http_port, grpc_port, extra, api)
+    models_dir = light_repository(tmp, models)
+    write_config(config, root, models_dir, http_port, grpc_port, extra, api, privacy)
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify_path = tmp / "notify.sock"
     notify.bind(str(notify_path))
@@ -169,8 +176,9 @@ def start_agent(
         "PYTHONPATH": str(ROOT),
     }
     env.pop("WATCHDOG_PID", None)
+    limit = [] if address_space is None else ["prlimit", f"--as={address_space}", "--"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
+        [*limit, sys.executable, "-m", "edge_agent", "run", "--config", str(config)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     return Running(process, notify, http_port, grpc_port, config, root)

@@ -65,9 +65,13 @@ class Replica:
         stop_process(self.process)
 
 
-def start_replica(root: Path, name: str, settings: str) -> Replica:
+def start_replica(
+    root: Path, name: str, settings: str, *, address_space: int | None = None
+) -> Replica:
     """``cloud-gateway serve`` with ``settings`` (TOML lines: repository, state, ...) and
-    its own ports and state directory."""
+    its own ports and state directory; ``address_space``: its limit on virtual memory in
+    bytes (``prlimit --as``), so that a request taking too much fails in the gateway
+    rather than take the machine."""
     folder = root / name
     folder.mkdir(parents=True)
     http_port, grpc_port = free_port(), free_port()
@@ -77,8 +81,9 @@ def start_replica(root: Path, name: str, settings: str) -> Replica:
         + settings
     )
     log = folder / "gateway.log"
+    limit = [] if address_space is None else ["prlimit", f"--as={address_space}", "--"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "cloud_gateway", "--config", str(config), "serve"],
+        [*limit, sys.executable, "-m", "cloud_gateway", "--config", str(config), "serve"],
         stdout=subprocess.DEVNULL,
         stderr=open(log, "wb"),  # noqa: SIM115 - the child holds it
         cwd=ROOT,
