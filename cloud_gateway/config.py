@@ -61,7 +61,8 @@ A TOML file (every field optional; command-line flags override it)::
     grpc_idle_timeout_s = 300.0      # gRPC: a connection with no call for this long: GOAWAY
     grpc_max_connection_age_s = 1800.0   # gRPC: a connection this old: GOAWAY (the client
     grpc_max_connection_age_grace_s = 30.0  # reconnects), its calls get this long to end
-    grpc_max_concurrent_streams = 100    # gRPC: calls at once on one connection
+    grpc_max_concurrent_streams = 1000   # gRPC: calls one connection holds at once (open,
+                                     # or answered and not yet released); past it: refused
 
     [mqtt]                           # the MQTT bridge (offload, announcements); off when absent
     host = "127.0.0.1"
@@ -171,7 +172,9 @@ class ConnectionSettings:
     answered. ``grpc_idle_timeout_s``: gRPC, a connection without a call.
     ``grpc_max_connection_age_s``, ``grpc_max_connection_age_grace_s``: gRPC, a
     connection's life, and how long its calls may still run after it.
-    ``grpc_max_concurrent_streams``: gRPC, calls at once on one connection.
+    ``grpc_max_concurrent_streams``: gRPC, calls one connection holds at once,
+    counted until the gateway has released them (not until their answer left), so
+    it is set well above the calls one client process keeps open.
     """
 
     max_connections: int = 1000
@@ -182,7 +185,7 @@ class ConnectionSettings:
     grpc_idle_timeout_s: float = 300.0
     grpc_max_connection_age_s: float = 1800.0
     grpc_max_connection_age_grace_s: float = 30.0
-    grpc_max_concurrent_streams: int = 100
+    grpc_max_concurrent_streams: int = 1000
 
 
 @dataclass(frozen=True)

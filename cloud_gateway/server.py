@@ -332,7 +332,13 @@ class Gateway:
             ("grpc.max_connection_idle_ms", _ms(limits.grpc_idle_timeout_s)),
             ("grpc.max_connection_age_ms", _ms(limits.grpc_max_connection_age_s)),
             ("grpc.max_connection_age_grace_ms", _ms(limits.grpc_max_connection_age_grace_s)),
+            # grpc counts a call against this until the gateway has released it, not
+            # until its answer left (its HTTP/2 rapid-reset defence, kept on): a client
+            # that keeps near this many calls open on one connection is refused some
+            # (REFUSED_STREAM, which clients do not retry), hence a limit well above
+            # the calls one client process keeps open
             ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
+            ("grpc.http.overload_protection", 1),
         ]
         server = grpc.aio.server(options=options)
         add_to_server(InferenceServicer(self.plane), server)
