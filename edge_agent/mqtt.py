@@ -4,7 +4,8 @@ Telemetry, offload over MQTT and rollout announcements share it. It
 reconnects by itself, keeps a retained ``devices/<id>/status`` (``online``
 once connected, ``offline`` as its last will), resubscribes after each
 reconnect, and shields paho's network thread from the handlers: a payload a
-handler cannot parse is dropped and counted, never a crash.
+handler cannot parse is dropped and counted, never a crash. Its client id is
+the device's id, the one the broker lets it have (see ``client_id``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edge_core.mqtt import BrokerWatch, MqttSettings, Published, new_client, no_delay, publish
-from edge_core.protocol.mqtt import status_topic
+from edge_core.protocol.mqtt import client_id, status_topic
 
 __all__ = ["MqttConnection"]
 
@@ -29,19 +30,14 @@ Handler = Callable[[Any], None]  # gets a paho MQTTMessage
 
 
 class MqttConnection:
-    def __init__(
-        self, settings: MqttSettings, *, device_id: str, client_id: str | None = None
-    ) -> None:
+    def __init__(self, settings: MqttSettings, *, device_id: str) -> None:
         import paho.mqtt.client as mqtt
 
         self.settings = settings
         self.device_id = device_id
         self._mqtt = mqtt
         self._client = new_client(
-            client_id or f"agent-{device_id}",
-            settings.username or device_id,
-            settings.password,
-            settings.tls,
+            client_id(device_id), settings.username or device_id, settings.password, settings.tls
         )
         self._client.will_set(status_topic(device_id), self._status("offline"), qos=1, retain=True)
         self._watch = BrokerWatch(log, f"device {device_id}", settings)

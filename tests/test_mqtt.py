@@ -35,6 +35,7 @@ from edge_agent.telemetry import Telemetry, TelemetryQueue
 from edge_core.errors import OffloadRejected, OffloadTimeout, ProtocolError
 from edge_core.mqtt import MqttSettings, publish_properties
 from edge_core.protocol.mqtt import (
+    client_id,
     decode_request,
     decode_response,
     encode_error,
@@ -442,8 +443,12 @@ class Fleet:
         return MqttConnection(settings, device_id=device)
 
     def client(self, user: str, **kwargs: Any) -> Client:
-        password = self.gateway_password if user == GATEWAY_USER else self.tokens[user]
-        return Client(self.broker.port, user, password, **kwargs)
+        """A bare client signed in as ``user``: the gateway's user on the gateways'
+        listener, a device on the devices' with its own client id."""
+        if user == GATEWAY_USER:
+            return Client(self.broker.gateway_port, user, self.gateway_password, **kwargs)
+        kwargs.setdefault("client_id", client_id(user))
+        return Client(self.broker.port, user, self.tokens[user], **kwargs)
 
     def write_acl(self) -> None:
         write_broker_files(
@@ -478,11 +483,14 @@ def running_fleet(
     if dynamic_security:
         broker = TestBroker(root / "broker", dynamic_security=files.dynamic_security)
     else:
-        broker = TestBroker(root / "broker", passwd=files.passwd, acl=files.acl)
+        broker = TestBroker(
+            root / "broker", passwd=files.passwd, gateway_passwd=files.gateway_passwd,
+            acl=files.acl,
+        )  # fmt: skip
     broker.start()
     config = GatewayConfig(
         repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
-        poll_interval_s=0.0, mqtt=MqttBridgeSettings(port=broker.port),
+        poll_interval_s=0.0, mqtt=MqttBridgeSettings(port=broker.gateway_port),
     )  # fmt: skip
     fleet = Fleet(root, registry, broker, tokens, password, config)
     try:
@@ -762,10 +770,10 @@ def test_garbage_on_every_subscribed_topic_is_survived_and_counted(fleet: Fleet)
     FleetLink(connection, updater=updater, group="g1")
     connection.start()
     cloud = fleet.client(GATEWAY_USER)
-    device = fleet.client("cam-01")
+    device = fleet.client("cam-02")  # bare, beside cam-01's agent: one connection a device
     try:
         assert connection.wait_connected(10)
-        device.subscribe("devices/cam-01/responses")
+        device.subscribe("devices/cam-02/responses")
         # the agent's topics: announcements and responses (only the gateway may publish)
         for payload in GARBAGE:
             cloud.publish("fleet/g1/models", payload)
@@ -782,14 +790,14 @@ def test_garbage_on_every_subscribed_topic_is_survived_and_counted(fleet: Fleet)
         assert updater.wakes == 0
         # the gateway's topic: requests without a token, answer topic or correlation, and
         # requests with a good token but a bad body (answered: 400)
-        token = {"authorization": f"Bearer {fleet.tokens['cam-01']}"}
-        mine = "devices/cam-01/responses"
+        token = {"authorization": f"Bearer {fleet.tokens['cam-02']}"}
+        mine = "devices/cam-02/responses"
         for payload in GARBAGE:
             device.publish("offload/digits-light/infer", payload, response_topic=mine,
                            correlation=b"c1")  # fmt: skip
             device.publish("offload/digits-light/infer", payload, user=token, correlation=b"c2")
             device.publish("offload/digits-light/infer", payload, user=token,
-                           response_topic="devices/cam-02/responses", correlation=b"c3")  # fmt: skip
+                           response_topic="devices/cam-01/responses", correlation=b"c3")  # fmt: skip
             device.publish("offload/digits-light/infer", payload, user=token, response_topic=mine)
             device.publish("offload/digits-light/infer", payload, user=token,
                            response_topic=mine, correlation=b"c5")  # fmt: skip
@@ -835,13 +843,16 @@ def test_a_rollout_announcement_starts_an_update_at_once(tmp_path: Path) -> None
     password = ensure_gateway_password(world.state / "mqtt-gateway.password")
     registry = registry_in(world.state)
     write_broker_files(registry, tmp_path, gateway_user=GATEWAY_USER, gateway_password=password)
-    broker = TestBroker(tmp_path / "broker", passwd=tmp_path / "passwd", acl=tmp_path / "acl")
+    broker = TestBroker(
+        tmp_path / "broker", passwd=tmp_path / "passwd",
+        gateway_passwd=tmp_path / "gateway-passwd", acl=tmp_path / "acl",
+    )  # fmt: skip
     broker.start()
     world.gateway.stop()
     world.gateway = GatewayThread(
         replace(
             world.gateway.gateway.config,
-            mqtt=MqttBridgeSettings(port=broker.port, announce_interval_s=0.2),
+            mqtt=MqttBridgeSettings(port=broker.gateway_port, announce_interval_s=0.2),
         )
     )
     updater = world.updater(device, interval_s=3600, jitter_s=0)  # no interval check soon
@@ -895,14 +906,19 @@ def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, cap
     command = ["--state-dir", str(state), "mqtt", "acl", "--out", str(out)]
     assert main([*command, "--broker-group", "none"]) == 0
     users = [line.split(":")[0] for line in (out / "passwd").read_text().splitlines()]
-    assert users == ["_gateway", "cam-01"]  # revoked devices are left out
+    assert users == ["cam-01"]  # revoked devices are left out, the gateway has its own
+    assert (out / "gateway-passwd").read_text().startswith("_gateway:$7$")
+    assert len((out / "gateway-passwd").read_text().splitlines()) == 1
     acl = (out / "acl").read_text()
     assert "user cam-01\ntopic read fleet/g1/models\n" in acl and "cam-02" not in acl
     dynsec = json.loads((out / "dynamic-security.json").read_text())
     assert [c["username"] for c in dynsec["clients"]] == ["_gateway", "cam-01"]
+    # each device may connect with its own client id only; the replicas each have one
+    assert [c.get("clientid") for c in dynsec["clients"]] == [None, "cam-01"]
     assert dynsec["defaultACLAccess"]["subscribe"] is False
     for path in (
         out / "passwd",
+        out / "gateway-passwd",
         out / "acl",
         out / "dynamic-security.json",
         state / "mqtt-gateway.password",
@@ -912,7 +928,12 @@ def test_mqtt_acl_writes_the_brokers_files_from_the_registry(tmp_path: Path, cap
     gid = os.getgid()  # with the broker's group: its files 0640, the gateway's own still 0600
     group = grp.getgrgid(gid).gr_name
     assert main([*command, "--broker-group", group]) == 0
-    for path in (out / "passwd", out / "acl", out / "dynamic-security.json"):
+    for path in (
+        out / "passwd",
+        out / "gateway-passwd",
+        out / "acl",
+        out / "dynamic-security.json",
+    ):
         assert (path.stat().st_mode & 0o777, path.stat().st_gid) == (0o640, gid), path
     assert (state / "mqtt-gateway.password").stat().st_mode & 0o777 == 0o600
     assert main([*command, "--broker-group", "no-such-group-here"]) == 1

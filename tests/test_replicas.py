@@ -73,10 +73,8 @@ def test_two_replicas_behind_haproxy_survive_a_kill_9(
     replicas: list[Replica] = []
     haproxy = broker = None
     try:
-        broker, broker_port = start_mosquitto(
-            tmp_path, tmp_path / "broker" / "passwd", tmp_path / "broker" / "acl"
-        )
-        settings = _settings(tmp_path, url, broker_port, repository, password).read_text()
+        broker, broker_port, gateways_port = start_mosquitto(tmp_path, tmp_path / "broker")
+        settings = _settings(tmp_path, url, gateways_port, repository, password).read_text()
         replicas += [start_replica(tmp_path, name, settings) for name in ("a", "b")]
         haproxy, http_port, grpc_port = start_haproxy(tmp_path, *replicas)
         balancer = f"127.0.0.1:{http_port}"

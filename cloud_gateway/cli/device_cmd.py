@@ -176,7 +176,8 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
         raise EdgeError(str(exc)) from None
     readable = f"mode 0640, readable by group {name}" if group is not None else "mode 0600"
     print(f"written ({readable}; password hashes only) into {args.out}:")
-    print(f"password file for {files.devices} devices and {user!r}: {files.passwd}")
+    print(f"the devices' password file ({files.devices} devices): {files.passwd}")
+    print(f"the gateways' password file ({user!r}): {files.gateway_passwd}")
     print(f"ACL file: {files.acl}")
     print(f"dynamic security plugin configuration: {files.dynamic_security}")
     print(f"the gateway's own password (mode 0600): {config.mqtt_password_file}")
@@ -187,9 +188,10 @@ def _mqtt_acl(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        "point Mosquitto at the password and ACL files (password_file, acl_file; SIGHUP "
-        "reloads them), or, to refuse foreign subscriptions when they are made, load the "
-        "dynamic security plugin with the JSON file (plugin_opt_config_file; a change "
-        "takes a restart)"
+        "point Mosquitto's listener for devices (use_username_as_clientid true) at the "
+        "devices' password file and its listener for gateways at theirs, both at the ACL "
+        "file (per_listener_settings true; SIGHUP reloads them), or, to refuse foreign "
+        "subscriptions when they are made, load the dynamic security plugin with the JSON "
+        "file (plugin_opt_config_file; a change takes a restart): docs/mqtt.md"
     )
     return 0

@@ -80,8 +80,10 @@ class MqttBridge:
         self.plane = plane
         self.metrics = plane.metrics
         self.ota = ota
+        # one client id per replica (Mosquitto disconnects a client whose id another
+        # takes); it starts with "_", as no device id does: no device is ever given it
         self._client = new_client(
-            f"gateway-{uuid.uuid4().hex[:12]}", config.username, password, config.tls
+            f"_gateway-{uuid.uuid4().hex[:12]}", config.username, password, config.tls
         )
         self.requests = shared_requests(password)
         self.telemetry_filter = shared_telemetry(password)

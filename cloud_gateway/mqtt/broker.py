@@ -16,6 +16,16 @@ out. Publishing where a device may not is refused (PUBACK 0x87).
   subscribes to another's topics is refused (SUBACK 0x87). The plugin reads
   the file when Mosquitto starts (the file has no admin client for
   ``mosquitto_ctl``): a change, a revocation too, takes a restart.
+
+Client ids: Mosquitto disconnects a client when another connects with its client
+id, and neither its ACL nor its password file looks at the id, so each form binds
+a device's id to its user name. The dynamic security plugin's client of a device
+requires the device's own id (:func:`~edge_core.protocol.mqtt.client_id`): any
+other is refused (CONNACK 0x87). With the files, the devices' listener takes
+``use_username_as_clientid`` (whatever id a device asks for, it gets its user
+name) and ``passwd`` holds only the devices; the gateway replicas, which share one
+user and need one id each, sign in on a listener of their own with
+``gateway-passwd`` (docs/mqtt.md). The plugin's gateway client has no fixed id.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from cloud_gateway.auth import DeviceRegistry, mosquitto_hash, write_private
 from edge_core.protocol.mqtt import (
     REQUEST_FILTER,
     announcement_topic,
+    client_id,
     response_topic,
     status_topic,
     stream_results_topic,
@@ -49,11 +60,13 @@ __all__ = [
 ]
 
 DYNAMIC_SECURITY = "dynamic-security.json"
+GATEWAY_PASSWD = "gateway-passwd"
 
 
 @dataclass(frozen=True)
 class BrokerFiles:
-    passwd: Path
+    passwd: Path  # the devices' (their listener's password file)
+    gateway_passwd: Path  # the gateway's user only (the gateways' listener's)
     acl: Path
     dynamic_security: Path
     devices: int
@@ -117,26 +130,33 @@ def _rule(kind: str, topic: str) -> dict[str, Any]:
     return {"acltype": kind, "topic": topic, "priority": 0, "allow": True}
 
 
-def _client(user: str, password_hash: str, role: str) -> dict[str, Any]:
-    """A dynamic-security client from a ``$7$`` hash (the same PBKDF2-SHA512)."""
+def _client(
+    user: str, password_hash: str, role: str, clientid: str | None = None
+) -> dict[str, Any]:
+    """A dynamic-security client from a ``$7$`` hash (the same PBKDF2-SHA512); with
+    ``clientid``, it may connect with that client id only."""
     _, kind, iterations, salt, digest = password_hash.split("$")
     if kind != "7":
         raise ValueError(f"{user}: not a $7$ (PBKDF2-SHA512) password hash")
-    return {
+    client: dict[str, Any] = {
         "username": user,
         "password": digest,
         "salt": salt,
         "iterations": int(iterations),
         "roles": [{"rolename": role}],
     }
+    if clientid is not None:
+        client["clientid"] = clientid
+    return client
 
 
 def dynamic_security(
     registry: DeviceRegistry, gateway_user: str, gateway_password: str, hashes: dict[str, str]
 ) -> dict[str, Any]:
     """The dynamic security plugin's configuration: one role per device, denying by
-    default every publish and subscription the roles do not allow. ``hashes``: the
-    users' ``$7$`` password hashes, the gateway's included."""
+    default every publish and subscription the roles do not allow, and each device
+    bound to its own client id (the gateway's client is not: each replica has its
+    own). ``hashes``: the users' ``$7$`` password hashes, the gateway's included."""
     gateway_role = {
         "rolename": "gateway",
         "acls": [
@@ -156,7 +176,7 @@ def dynamic_security(
         if device.revoked or device.id not in hashes:
             continue
         role = f"device-{device.id}"
-        clients.append(_client(device.id, hashes[device.id], role))
+        clients.append(_client(device.id, hashes[device.id], role, client_id(device.id)))
         roles.append(
             {
                 "rolename": role,
@@ -207,10 +227,10 @@ def write_broker_files(
     gateway_password: str,
     group: int | None = None,
 ) -> BrokerFiles:
-    """Write ``passwd``, ``acl`` and ``dynamic-security.json`` into ``out``: mode 0600,
-    or 0640 with ``group`` (the broker's group: Debian's Mosquitto starts as root and
-    drops to the ``mosquitto`` account before it reads them). They hold password
-    hashes, never a password."""
+    """Write ``passwd`` (the devices), ``gateway-passwd`` (the gateway's user), ``acl``
+    and ``dynamic-security.json`` into ``out``: mode 0600, or 0640 with ``group`` (the
+    broker's group: Debian's Mosquitto starts as root and drops to the ``mosquitto``
+    account before it reads them). They hold password hashes, never a password."""
     if registry.get(gateway_user) is not None:
         raise ValueError(f"a device is named {gateway_user!r}, the gateway's broker user")
     hashes = {gateway_user: mosquitto_hash(gateway_password)}
@@ -223,10 +243,14 @@ def write_broker_files(
             skipped.append(device.id)
             continue
         hashes[device.id] = password
-    passwd, acl, dynsec = out / "passwd", out / "acl", out / DYNAMIC_SECURITY
-    lines = "".join(f"{user}:{hashed}\n" for user, hashed in hashes.items())
-    write_private(passwd, lines.encode(), group=group)
+    passwd, gateway_passwd = out / "passwd", out / GATEWAY_PASSWD
+    acl, dynsec = out / "acl", out / DYNAMIC_SECURITY
+    devices = "".join(
+        f"{user}:{hashed}\n" for user, hashed in hashes.items() if user != gateway_user
+    )
+    write_private(passwd, devices.encode(), group=group)
+    write_private(gateway_passwd, f"{gateway_user}:{hashes[gateway_user]}\n".encode(), group=group)
     write_private(acl, acl_text(registry, gateway_user).encode(), group=group)
     document = dynamic_security(registry, gateway_user, gateway_password, hashes)
     write_private(dynsec, (json.dumps(document, indent=1) + "\n").encode(), group=group)
-    return BrokerFiles(passwd, acl, dynsec, len(hashes) - 1, skipped)
+    return BrokerFiles(passwd, gateway_passwd, acl, dynsec, len(hashes) - 1, skipped)

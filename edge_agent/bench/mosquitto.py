@@ -1,5 +1,5 @@
 """A Mosquitto of its own on loopback, for the benchmarks and the demo that need a
-broker: a free port, a generated configuration (the password and ACL files of
+broker: free ports, a generated configuration (the password and ACL files of
 ``cloud-gateway mqtt acl``, or its dynamic security plugin's configuration),
 persistence on disk. Needs the ``mosquitto`` binary (``make broker`` installs
 it)."""
@@ -38,25 +38,28 @@ def dynamic_security_plugin() -> Path:
 
 
 class Mosquitto:
-    """``passwd`` and ``acl``: Mosquitto's password and ACL files; or
-    ``dynamic_security``: the dynamic security plugin's configuration file."""
+    """``passwd``, ``gateway_passwd`` and ``acl``: Mosquitto's password and ACL files,
+    laid out as docs/mqtt.md sets them up: the devices sign in on :attr:`port`, which
+    gives each one its user name as client id (no device can take another's), the
+    gateways on :attr:`gateway_port` (one id per replica). Or ``dynamic_security``: the
+    dynamic security plugin's configuration file, one listener for all."""
 
     def __init__(
         self,
         directory: Path,
         *,
         passwd: Path | None = None,
+        gateway_passwd: Path | None = None,
         acl: Path | None = None,
         dynamic_security: Path | None = None,
     ) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.gateway_port = self.port
         self.log = directory / "mosquitto.log"
         self.config = directory / "mosquitto.conf"
         lines = [
-            f"listener {self.port} 127.0.0.1",
-            f"allow_anonymous {'false' if passwd or dynamic_security else 'true'}",
             "persistence true",
             f"persistence_location {directory}/",
             "max_queued_messages 100000",  # for offline persistent sessions
@@ -70,9 +73,28 @@ class Mosquitto:
         if os.geteuid() == 0:
             lines.append("user root")  # keep root: the files are the caller's
         if passwd is not None:
-            lines.append(f"password_file {passwd}")
-        if acl is not None:
-            lines.append(f"acl_file {acl}")
+            if gateway_passwd is None:
+                raise ValueError("a broker with the devices' password file needs the gateway's")
+            while self.gateway_port == self.port:
+                self.gateway_port = free_port()
+            acl_line = [f"acl_file {acl}"] if acl is not None else []
+            lines += [
+                "per_listener_settings true",
+                f"listener {self.port} 127.0.0.1",
+                "allow_anonymous false",
+                "use_username_as_clientid true",
+                f"password_file {passwd}",
+                *acl_line,
+                f"listener {self.gateway_port} 127.0.0.1",
+                "allow_anonymous false",
+                f"password_file {gateway_passwd}",
+                *acl_line,
+            ]
+        else:
+            lines += [
+                f"listener {self.port} 127.0.0.1",
+                f"allow_anonymous {'false' if dynamic_security else 'true'}",
+            ]
         if dynamic_security is not None:
             lines.append(f"plugin {dynamic_security_plugin()}")
             lines.append(f"plugin_opt_config_file {dynamic_security}")

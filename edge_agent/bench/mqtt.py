@@ -139,11 +139,14 @@ def run_mqtt(model_dir: Path, *, messages: int = 5000, requests: int = 300) -> d
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         state = root / "state"
-        broker = Mosquitto(root / "broker", passwd=root / "passwd", acl=root / "acl")
+        broker = Mosquitto(
+            root / "broker", passwd=root / "passwd", gateway_passwd=root / "gateway-passwd",
+            acl=root / "acl",
+        )  # fmt: skip
         served = root / "served"
         served.mkdir()
         (served / "digits-light").symlink_to(model_dir / "digits-light")
-        extra = f"[mqtt]\nport = {broker.port}\n"
+        extra = f"[mqtt]\nport = {broker.gateway_port}\n"
         with gateway_process(served, state, extra_config=extra, broker_files=root) as gateway:
             password = (state / "mqtt-gateway.password").read_text().strip()
             broker.start()
@@ -153,7 +156,7 @@ def run_mqtt(model_dir: Path, *, messages: int = 5000, requests: int = 300) -> d
             )
             mqtt = MqttTransport(connection, token=token)
             grpc = make_transport("grpc", gateway["grpc"], token=token)
-            observer = _Counter(broker.port, password, f"devices/{DEVICE}/telemetry/#")
+            observer = _Counter(broker.gateway_port, password, f"devices/{DEVICE}/telemetry/#")
             connection.start()
             try:
                 if not connection.wait_connected(10):

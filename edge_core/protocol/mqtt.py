@@ -39,6 +39,7 @@ __all__ = [
     "REQUEST_FILTER",
     "MqttMessage",
     "announcement_topic",
+    "client_id",
     "decode_request",
     "decode_response",
     "encode_error",
@@ -79,6 +80,14 @@ def stream_results_topic(device: str, stream: str) -> str:
 
 def announcement_topic(group: str) -> str:
     return f"fleet/{group}/models"
+
+
+def client_id(device: str) -> str:
+    """A device's MQTT client id: its own id, which the broker binds to its user name
+    (the devices' listener sets it, the dynamic security plugin requires it). Mosquitto
+    disconnects a client when another connects with its id: no device may have one that
+    is not its own."""
+    return device
 
 
 @dataclass

@@ -124,23 +124,30 @@ def start_haproxy(root: Path, a: Replica, b: Replica) -> tuple[subprocess.Popen[
     return process, http_port, grpc_port
 
 
-def start_mosquitto(root: Path, passwd: Path, acl: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """Mosquitto on ``deploy/mosquitto.conf``, with a free port and the test's files put
-    in for the deployment's paths."""
-    port = free_port()
+def start_mosquitto(root: Path, files: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Mosquitto on ``deploy/mosquitto.conf``, with free ports and the files of ``mqtt
+    acl --out files`` put in for the deployment's paths; its process and the ports of
+    its listeners for devices and for gateways."""
+    port, gateway_port = free_port(), free_port()
+    while gateway_port == port:
+        gateway_port = free_port()
     data = root / "mosquitto-data"
     data.mkdir()
     put_in = {
-        "listener": f"listener {port} 127.0.0.1",
-        "password_file": f"password_file {passwd}",
-        "acl_file": f"acl_file {acl}",
-        "persistence_location": f"persistence_location {data}/",
-        "log_dest": f"log_dest file {root / 'mosquitto.log'}",
-    }
+        "listener 1883": f"listener {port} 127.0.0.1",
+        "listener 1884": f"listener {gateway_port} 127.0.0.1",
+        "password_file /mosquitto/config/passwd": f"password_file {files / 'passwd'}",
+        "password_file /mosquitto/config/gateway-passwd":
+            f"password_file {files / 'gateway-passwd'}",
+        "acl_file /mosquitto/config/acl": f"acl_file {files / 'acl'}",
+        "persistence_location /mosquitto/data/": f"persistence_location {data}/",
+        "log_dest stdout": f"log_dest file {root / 'mosquitto.log'}",
+    }  # fmt: skip
     lines = []
     for line in (DEPLOY / "mosquitto.conf").read_text().splitlines():
-        key = line.split(" ", 1)[0]
-        lines.append(put_in.get(key, line))
+        lines.append(put_in.get(line, line))
+    missing = set(put_in) - set((DEPLOY / "mosquitto.conf").read_text().splitlines())
+    assert not missing, f"deploy/mosquitto.conf no longer has {sorted(missing)}"
     if os.geteuid() == 0:
         lines.append("user root")  # the test's files are root's
     config = root / "mosquitto.conf"
@@ -152,7 +159,7 @@ def start_mosquitto(root: Path, passwd: Path, acl: Path) -> tuple[subprocess.Pop
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process, port
+            return process, port, gateway_port
         except OSError:
             if process.poll() is not None or time.monotonic() > end:
                 raise RuntimeError(f"mosquitto did not start from {config}") from None

@@ -118,8 +118,11 @@ class Demo:
             from edge_agent.bench.mosquitto import Mosquitto
 
             broker = self.work / "broker"
-            self.broker = Mosquitto(broker, passwd=broker / "passwd", acl=broker / "acl")
-            mqtt = f"[mqtt]\nport = {self.broker.port}\nannounce_interval_s = 0.5\n"
+            self.broker = Mosquitto(
+                broker, passwd=broker / "passwd", gateway_passwd=broker / "gateway-passwd",
+                acl=broker / "acl",
+            )  # fmt: skip
+            mqtt = f"[mqtt]\nport = {self.broker.gateway_port}\nannounce_interval_s = 0.5\n"
         (self.work / "gateway.toml").write_text(
             'repository = "cloud-models"\nstate_dir = "gateway-state"\nota_repository = "ota"\n'
             f"http_port = {self.gateway_http}\ngrpc_port = {self.gateway_grpc}\n"
@@ -150,9 +153,12 @@ class Demo:
         self.broker.start()
         self.stack.callback(self.broker.stop)
         port = self.broker.port
-        print(f"\n== mosquitto on 127.0.0.1:{port}, with the generated password and ACL files")
+        print(
+            f"\n== mosquitto on 127.0.0.1:{port} (devices) and :{self.broker.gateway_port} "
+            "(the gateway), with the generated password and ACL files"
+        )
         password = (self.work / "gateway-state/mqtt-gateway.password").read_text().strip()
-        self.watcher = TelemetryWatcher(port, password)
+        self.watcher = TelemetryWatcher(self.broker.gateway_port, password)
         self.stack.callback(self.watcher.close)
 
     def start_gateway(self) -> None:
@@ -172,7 +178,7 @@ class Demo:
                 if time.monotonic() - started > READY_TIMEOUT_S:
                     raise DemoError("the gateway was not ready in time") from None
                 time.sleep(0.1)
-        bridge = f", MQTT bridge to :{self.broker.port}" if self.mqtt else ""
+        bridge = f", MQTT bridge to :{self.broker.gateway_port}" if self.mqtt else ""
         print(
             f"  ready in {time.monotonic() - started:.1f} s: REST :{self.gateway_http}, "
             f"gRPC :{self.gateway_grpc}, OTA{bridge}; serving digits-heavy and ppocr-det"
