@@ -45,7 +45,8 @@ A TOML file (every field optional; command-line flags override it)::
     max_batch_size = 64
 
     [metrics]
-    public = false                   # true: /metrics without a token (it names devices)
+    public = false                   # true: /metrics without a token, less the series
+                                     # naming a device or a group (admin token only)
 
     [connections]                    # limits and timeouts of client connections
     max_connections = 1000           # per front end; lowered to a third of what the

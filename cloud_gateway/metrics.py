@@ -6,16 +6,24 @@ it is: models are the loaded ones (anything else is ``unknown``), devices the
 registered ones (a request is counted by device only once authenticated),
 and the other labels (protocol, status, reason, group) from fixed lists or
 the operator's configuration.
+
+Who reads what: a series with a label in :data:`FLEET_LABELS` (a device, a group)
+lists the fleet, so it is rendered for operators only (``render(operator=True)``);
+everyone else gets the rest, whatever series are added later.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+__all__ = ["CONTENT_TYPE", "FLEET_LABELS", "GatewayMetrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+FLEET_LABELS = frozenset({"device", "group"})  # series with one of them: operators only
 
 _LATENCY_BUCKETS = (
     0.0001,
@@ -161,5 +169,21 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def render(self) -> bytes:
-        return bytes(generate_latest(self.registry))
+    def render(self, *, operator: bool) -> bytes:
+        """The exposition: every series for an operator, else those that name no device
+        and no group (a device must not learn the fleet from them)."""
+        if operator:
+            return bytes(generate_latest(self.registry))
+        return bytes(generate_latest(_FleetNeutral(self.registry)))
+
+
+class _FleetNeutral:
+    """A registry's families but those with a series labelled by device or group."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if not any(FLEET_LABELS.intersection(sample.labels) for sample in family.samples):
+                yield family

@@ -35,7 +35,7 @@ from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.body import read_body
 from cloud_gateway.rest.infer import error_response, run_infer
 from cloud_gateway.rest.ota import add_ota_routes
-from edge_core.errors import EdgeError, RequestError, Unavailable
+from edge_core.errors import EdgeError, PermissionDenied, RequestError, Unavailable
 from edge_core.protocol.rest import load_json
 from edge_core.status import status_of
 
@@ -175,9 +175,18 @@ def create_app(
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics(request: Request) -> Response:
-        if not plane.config.metrics_public:
-            authenticate(request)
-        return Response(plane.metrics.render(), media_type=CONTENT_TYPE)
+        # the series that name devices and groups are the operators' (an admin token);
+        # with `[metrics] public`, anyone else reads the rest; a token given is checked
+        public = plane.config.metrics_public
+        operator = False
+        if not public or "authorization" in request.headers:
+            operator = authenticate(request).role == "admin"
+            if not (operator or public):
+                raise PermissionDenied(
+                    "/metrics names the fleet's devices: it takes an admin token "
+                    "(or [metrics] public = true for the series that name none)"
+                )
+        return Response(plane.metrics.render(operator=operator), media_type=CONTENT_TYPE)
 
     # -- metadata ---------------------------------------------------------------------------
 

@@ -1,0 +1,163 @@
+"""The gateway's /metrics names devices and groups only to operators (issue 29, item 6).
+
+Before, any device token read every series, ``gateway_device_requests_total{device=
+"camB",group="gB"}`` among them: one device could list the fleet. Now a device token
+is refused (403), an admin token (a Prometheus's bearer token file) reads everything,
+and ``[metrics] public = true`` shows callers without an admin token only the series
+that name neither a device nor a group. A real gateway on loopback, with its REST
+front end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cloud_gateway.auth import DeviceRegistry
+from cloud_gateway.metrics import GatewayMetrics
+
+from .support.gateway import GatewayHandle, start_gateway
+from .support.paths import MODELS
+
+FLEET_LABEL = re.compile(r'[{,](device|group)="')
+
+
+def get(handle: GatewayHandle, path: str, token: str | None = None) -> tuple[int, str]:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{handle.http_url}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def camb_infers(handle: GatewayHandle, token: str) -> None:
+    body = {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
+    }
+    request = urllib.request.Request(
+        f"http://{handle.http_url}/v2/models/digits-light/infer",
+        data=json.dumps(body).encode(),
+        headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["private", "public"])
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GatewayHandle, str]]:
+    root = tmp_path_factory.mktemp("metrics")
+    repository = root / "repo"
+    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
+    handle = start_gateway(root, repository, poll_interval_s=0.0, metrics_public=request.param)
+    try:
+        camb = DeviceRegistry.add_to(handle.gateway.config.state_url, "camB", "gB")
+        camb_infers(handle, camb)
+        yield handle, camb
+    finally:
+        handle.thread.stop()
+
+
+def test_operators_read_every_series(gateway: tuple[GatewayHandle, str]) -> None:
+    handle, _ = gateway
+    status, text = get(handle, "/metrics", handle.admin_token)
+    assert status == 200
+    assert 'gateway_device_requests_total{device="camB",group="gB"} 1.0' in text
+    assert "gateway_requests_total" in text and "gateway_model_loaded" in text
+
+
+def test_a_device_never_sees_another_device_or_group(gateway: tuple[GatewayHandle, str]) -> None:
+    handle, camb = gateway
+    public = handle.gateway.config.metrics_public
+    for token in (handle.device_token, camb):  # cam-01's, and camB's own
+        status, text = get(handle, "/metrics", token)
+        if not public:
+            assert status == 403, text
+            assert "admin token" in json.loads(text)["error"]
+            continue
+        assert status == 200  # what anyone may read, and no more
+        assert not FLEET_LABEL.search(text), text
+        assert "camB" not in text and "gB" not in text and "rpi5-int8" not in text
+        assert 'gateway_requests_total{model="digits-light",protocol="http",status="ok"}' in text
+    status, text = get(handle, "/metrics")  # no token
+    if public:
+        assert status == 200 and "gateway_state_queries" in text and not FLEET_LABEL.search(text)
+    else:
+        assert status == 401
+    assert get(handle, "/metrics", "camB.not-its-token")[0] == 401  # a token given is checked
+
+
+def test_only_series_without_fleet_labels_are_public() -> None:
+    """Whatever a series counts, a label naming a device or a group keeps it for operators."""
+    metrics = GatewayMetrics()
+    metrics.device_requests.labels("camB", "gB").inc()
+    metrics.mqtt_announcements.labels("gB").inc()
+    metrics.requests.labels("digits-light", "mqtt", "ok").inc()
+    everything = metrics.render(operator=True).decode()
+    public = metrics.render(operator=False).decode()
+    assert 'device="camB"' in everything and 'group="gB"' in everything
+    assert not FLEET_LABEL.search(public) and "camB" not in public and "gB" not in public
+    assert 'gateway_requests_total{model="digits-light",protocol="mqtt",status="ok"}' in public
+    kept = {line for line in everything.splitlines() if not FLEET_LABEL.search(line)}
+    left_out = {line.split()[2] for line in kept - set(public.splitlines())}
+    assert left_out == {
+        f"gateway_{name}_{kind}"
+        for name in ("device_requests", "mqtt_announcements")
+        for kind in ("total", "created")
+    }
+    assert set(public.splitlines()) <= kept  # only the two families' HELP and TYPE went
+
+
+def series(metrics: GatewayMetrics) -> set[str]:
+    """Every series of a gateway, by name and labels (values left out)."""
+    text = metrics.render(operator=True).decode()
+    return {line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")}
+
+
+def test_names_a_device_sends_over_mqtt_make_no_series(tmp_path: Path) -> None:
+    """The label sets a device can reach stay bounded over MQTT too (REST and gRPC:
+    tests/test_abuse_gateway.py): invented models and versions count as ``unknown``."""
+    from edge_agent.offload.mqtt import MqttTransport
+    from edge_core.errors import OffloadRejected
+    from edge_core.protocol.types import InferRequest
+
+    from .test_mqtt import digits, light_request, running_fleet
+
+    with running_fleet(tmp_path) as fleet:
+        metrics = fleet.gateways[0].gateway.metrics
+        connection = fleet.connection("cam-01")
+        transport = MqttTransport(connection, token=fleet.tokens["cam-01"])
+        connection.start()
+        try:
+            assert connection.wait_connected(10)
+            x = digits(1)
+
+            def abuse(start: int, rounds: int) -> None:
+                for i in range(start, start + rounds):
+                    for name, version in ((f"nope-{i:05d}", ""), ("digits-light", str(i + 2))):
+                        request = InferRequest(
+                            inputs={"pixels": x}, datatypes={"pixels": "FP32"},
+                            model_name=name, model_version=version,
+                        )  # fmt: skip
+                        with pytest.raises(OffloadRejected, match=r"404|unknown|version"):
+                            transport.infer(request, timeout=10)
+                    transport.infer(light_request(x), timeout=10)
+
+            abuse(0, 3)  # every kind of series the loop makes exists now
+            before = series(metrics)
+            abuse(100, 100)
+            after = series(metrics)
+        finally:
+            connection.close()
+    assert after == before, sorted(after ^ before)
+    assert not any("nope-" in line for line in after)
