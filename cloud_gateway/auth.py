@@ -49,7 +49,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-ROLES = ("device", "admin")
+ROLES = ("device", "admin", "metrics")  # metrics: reads /metrics, nothing else (a scraper)
 
 
 def write_private(path: Path, data: bytes, *, group: int | None = None) -> None:

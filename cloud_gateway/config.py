@@ -46,7 +46,7 @@ A TOML file (every field optional; command-line flags override it)::
 
     [metrics]
     public = false                   # true: /metrics without a token, less the series
-                                     # naming a device or a group (admin token only)
+                                     # naming a device or a group (metrics, admin tokens)
 
     [connections]                    # limits and timeouts of client connections
     max_connections = 1000           # per front end; lowered to a third of what the

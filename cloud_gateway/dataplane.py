@@ -259,13 +259,18 @@ class DataPlane:
 
     # -- requests ------------------------------------------------------------------------
 
-    def authenticate(self, token: str | None, *, admin: bool = False) -> Device:
-        """The calling device, within its rate limit.
+    def authenticate(
+        self, token: str | None, *, admin: bool = False, scrape: bool = False
+    ) -> Device:
+        """The calling device, within its rate limit. A metrics token is taken only with
+        ``scrape`` (/metrics): a scraper's credential may do nothing else.
 
         Raises:
             Unauthenticated, PermissionDenied, RateLimited
         """
         device = self.registry.authenticate(token)
+        if device.role == "metrics" and not scrape:
+            raise PermissionDenied(f"{device.id!r} is a metrics token: it may read /metrics only")
         if admin and device.role != "admin":
             raise PermissionDenied(f"device {device.id!r} may not manage the repository")
         self.limiter.check(device.id)

@@ -2,10 +2,10 @@
 
 Before, any device token read every series, ``gateway_device_requests_total{device=
 "camB",group="gB"}`` among them: one device could list the fleet. Now a device token
-is refused (403), an admin token (a Prometheus's bearer token file) reads everything,
-and ``[metrics] public = true`` shows callers without an admin token only the series
-that name neither a device nor a group. A real gateway on loopback, with its REST
-front end.
+is refused (403); a metrics token (a Prometheus's bearer token file), which may do
+nothing else, and an admin token read everything; and ``[metrics] public = true``
+shows everyone else only the series that name neither a device nor a group. A real
+gateway on loopback, with its REST and gRPC front ends, and a real Mosquitto.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.metrics import GatewayMetrics
+from edge_agent.offload.mqtt import MqttTransport
+from edge_core.errors import OffloadRejected
+from edge_core.protocol.mqtt import encode_request
+from edge_core.protocol.types import InferRequest
 
 from .support.gateway import GatewayHandle, start_gateway
 from .support.paths import MODELS
+from .test_mqtt import Fleet, digits, light_request, running_fleet, sample, wait_for
 
 FLEET_LABEL = re.compile(r'[{,](device|group)="')
 
@@ -39,7 +43,8 @@ def get(handle: GatewayHandle, path: str, token: str | None = None) -> tuple[int
         return error.code, error.read().decode()
 
 
-def camb_infers(handle: GatewayHandle, token: str) -> None:
+def infer(handle: GatewayHandle, token: str) -> int:
+    """The status of one REST inference with ``token``."""
     body = {
         "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
     }
@@ -48,36 +53,64 @@ def camb_infers(handle: GatewayHandle, token: str) -> None:
         data=json.dumps(body).encode(),
         headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["private", "public"])
 def gateway(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[GatewayHandle, str]]:
+) -> Iterator[tuple[GatewayHandle, str, str]]:
+    """A gateway, camB's token (it has made one request) and a metrics token."""
     root = tmp_path_factory.mktemp("metrics")
     repository = root / "repo"
     shutil.copytree(MODELS / "digits-light", repository / "digits-light")
     handle = start_gateway(root, repository, poll_interval_s=0.0, metrics_public=request.param)
     try:
-        camb = DeviceRegistry.add_to(handle.gateway.config.state_url, "camB", "gB")
-        camb_infers(handle, camb)
-        yield handle, camb
+        url = handle.gateway.config.state_url
+        camb = DeviceRegistry.add_to(url, "camB", "gB")
+        scraper = DeviceRegistry.add_to(url, "prometheus", "operators", role="metrics")
+        assert infer(handle, camb) == 200
+        yield handle, camb, scraper
     finally:
         handle.thread.stop()
 
 
-def test_operators_read_every_series(gateway: tuple[GatewayHandle, str]) -> None:
-    handle, _ = gateway
-    status, text = get(handle, "/metrics", handle.admin_token)
-    assert status == 200
-    assert 'gateway_device_requests_total{device="camB",group="gB"} 1.0' in text
-    assert "gateway_requests_total" in text and "gateway_model_loaded" in text
+def test_operators_read_every_series(gateway: tuple[GatewayHandle, str, str]) -> None:
+    handle, _, scraper = gateway
+    for token in (scraper, handle.admin_token):
+        status, text = get(handle, "/metrics", token)
+        assert status == 200
+        assert 'gateway_device_requests_total{device="camB",group="gB"} 1.0' in text
+        assert "gateway_requests_total" in text and "gateway_model_loaded" in text
 
 
-def test_a_device_never_sees_another_device_or_group(gateway: tuple[GatewayHandle, str]) -> None:
-    handle, camb = gateway
+def test_a_metrics_token_reads_metrics_and_nothing_else(
+    gateway: tuple[GatewayHandle, str, str],
+) -> None:
+    import tritonclient.grpc as tgrpc
+    from tritonclient.utils import InferenceServerException
+
+    handle, _, scraper = gateway
+    assert infer(handle, scraper) == 403
+    for path in ("/v2", "/v2/models/digits-light", "/v2/models/digits-light/ready"):
+        status, text = get(handle, path, scraper)
+        assert status == 403 and "metrics token" in text, (path, text)
+    client = tgrpc.InferenceServerClient(handle.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException, match="PERMISSION_DENIED"):
+            client.is_model_ready("digits-light", headers={"authorization": f"Bearer {scraper}"})
+    finally:
+        client.close()
+
+
+def test_a_device_never_sees_another_device_or_group(
+    gateway: tuple[GatewayHandle, str, str],
+) -> None:
+    handle, camb, _ = gateway
     public = handle.gateway.config.metrics_public
     for token in (handle.device_token, camb):  # cam-01's, and camB's own
         status, text = get(handle, "/metrics", token)
@@ -124,40 +157,63 @@ def series(metrics: GatewayMetrics) -> set[str]:
     return {line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")}
 
 
-def test_names_a_device_sends_over_mqtt_make_no_series(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with running_fleet(tmp_path_factory.mktemp("fleet")) as running:
+        yield running
+
+
+def test_names_a_device_sends_over_mqtt_make_no_series(fleet: Fleet) -> None:
     """The label sets a device can reach stay bounded over MQTT too (REST and gRPC:
     tests/test_abuse_gateway.py): invented models and versions count as ``unknown``."""
-    from edge_agent.offload.mqtt import MqttTransport
-    from edge_core.errors import OffloadRejected
-    from edge_core.protocol.types import InferRequest
+    metrics = fleet.gateways[0].gateway.metrics
+    connection = fleet.connection("cam-01")
+    transport = MqttTransport(connection, token=fleet.tokens["cam-01"])
+    connection.start()
+    try:
+        assert connection.wait_connected(10)
+        x = digits(1)
 
-    from .test_mqtt import digits, light_request, running_fleet
+        def abuse(start: int, rounds: int) -> None:
+            for i in range(start, start + rounds):
+                for name, version in ((f"nope-{i:05d}", ""), ("digits-light", str(i + 2))):
+                    request = InferRequest(
+                        inputs={"pixels": x}, datatypes={"pixels": "FP32"},
+                        model_name=name, model_version=version,
+                    )  # fmt: skip
+                    with pytest.raises(OffloadRejected, match=r"404|unknown|version"):
+                        transport.infer(request, timeout=10)
+                transport.infer(light_request(x), timeout=10)
 
-    with running_fleet(tmp_path) as fleet:
-        metrics = fleet.gateways[0].gateway.metrics
-        connection = fleet.connection("cam-01")
-        transport = MqttTransport(connection, token=fleet.tokens["cam-01"])
-        connection.start()
-        try:
-            assert connection.wait_connected(10)
-            x = digits(1)
-
-            def abuse(start: int, rounds: int) -> None:
-                for i in range(start, start + rounds):
-                    for name, version in ((f"nope-{i:05d}", ""), ("digits-light", str(i + 2))):
-                        request = InferRequest(
-                            inputs={"pixels": x}, datatypes={"pixels": "FP32"},
-                            model_name=name, model_version=version,
-                        )  # fmt: skip
-                        with pytest.raises(OffloadRejected, match=r"404|unknown|version"):
-                            transport.infer(request, timeout=10)
-                    transport.infer(light_request(x), timeout=10)
-
-            abuse(0, 3)  # every kind of series the loop makes exists now
-            before = series(metrics)
-            abuse(100, 100)
-            after = series(metrics)
-        finally:
-            connection.close()
+        abuse(0, 3)  # every kind of series the loop makes exists now
+        before = series(metrics)
+        abuse(100, 100)
+        after = series(metrics)
+    finally:
+        connection.close()
     assert after == before, sorted(after ^ before)
     assert not any("nope-" in line for line in after)
+
+
+def test_a_metrics_token_neither_signs_in_to_the_broker_nor_offloads(fleet: Fleet) -> None:
+    token = fleet.registry.add("prometheus", "operators", role="metrics")
+    fleet.write_acl()
+    users = (fleet.root / "passwd").read_text() + (fleet.root / "acl").read_text()
+    assert "prometheus" not in users + (fleet.root / "dynamic-security.json").read_text()
+    gateway = fleet.gateways[0]
+
+    def dropped() -> float:
+        return sample(gateway, "gateway_mqtt_dropped_total", reason="unauthenticated")
+
+    before = dropped()
+    sender = fleet.client("cam-02")  # any device may publish requests; the token decides
+    try:
+        wait_for(lambda: gateway.gateway.registry.get("prometheus") is not None, what="the add")
+        body = encode_request(light_request(digits(1)), token=token)
+        sender.publish(
+            "offload/digits-light/infer", body.payload, response_topic="devices/prometheus/responses",
+            correlation=b"c1", user=body.properties,
+        )  # fmt: skip
+        wait_for(lambda: dropped() == before + 1, what="the request to be dropped")
+    finally:
+        sender.close()

@@ -24,7 +24,11 @@ def register(commands: Any) -> None:
     add = device_commands.add_parser("add", help="register a device and print its token once")
     add.add_argument("device_id")
     add.add_argument("--group", required=True, help="the device's fleet group")
-    add.add_argument("--admin", action="store_true", help="may manage the repository")
+    role = add.add_mutually_exclusive_group()
+    role.add_argument("--admin", action="store_true", help="may manage the repository")
+    role.add_argument(
+        "--metrics", action="store_true", help="reads /metrics and nothing else (a scraper's)"
+    )
     add.add_argument(
         "--replace", action="store_true", help="issue a new token for an existing device"
     )
@@ -65,7 +69,7 @@ def _device_add(args: argparse.Namespace) -> int:
         token = registry.add(
             args.device_id,
             args.group,
-            role="admin" if args.admin else "device",
+            role="admin" if args.admin else "metrics" if args.metrics else "device",
             replace=args.replace,
         )
     except ValueError as exc:

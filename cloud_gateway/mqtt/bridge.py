@@ -185,6 +185,8 @@ class MqttBridge:
         except RequestError as exc:
             # no answer: whoever sent it could name any device's response topic
             return self._drop("unauthenticated", message, str(exc))
+        if device.role == "metrics":  # a scraper's token, for /metrics only
+            return self._drop("unauthenticated", message, f"{device.id!r} is a metrics token")
         if not reply_to:
             return self._drop("no_response_topic", message)
         if reply_to != response_topic(device.id):

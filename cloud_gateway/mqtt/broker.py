@@ -3,8 +3,8 @@
 With either, a device (username: its id, password: its token) can publish
 only its own telemetry and status and offload requests, and read only its own
 responses and its group's announcements; the gateway's bridge user reads the
-requests and writes the responses and announcements. Revoked devices are left
-out. Publishing where a device may not is refused (PUBACK 0x87).
+requests and writes the responses and announcements. Revoked devices and metrics
+tokens are left out. Publishing where a device may not is refused (PUBACK 0x87).
 
 - ``passwd`` and ``acl``, Mosquitto's password and ACL files: rewriting them
   and sending Mosquitto ``SIGHUP`` applies a change (a revocation) at once. But
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloud_gateway.auth import DeviceRegistry, mosquitto_hash, write_private
+from cloud_gateway.auth import Device, DeviceRegistry, mosquitto_hash, write_private
 from edge_core.protocol.mqtt import (
     REQUEST_FILTER,
     announcement_topic,
@@ -52,6 +52,7 @@ __all__ = [
     "BrokerFiles",
     "acl_text",
     "broker_group",
+    "broker_users",
     "dynamic_security",
     "ensure_gateway_password",
     "shared_requests",
@@ -95,6 +96,12 @@ def ensure_gateway_password(path: Path) -> str:
     return password
 
 
+def broker_users(registry: DeviceRegistry) -> list[Device]:
+    """The registry's entries that sign in to the broker: neither revoked nor a metrics
+    token (a scraper's, which reads the gateway's /metrics and nothing else)."""
+    return [d for d in registry.devices() if not d.revoked and d.role != "metrics"]
+
+
 def acl_text(registry: DeviceRegistry, gateway_user: str) -> str:
     lines = [
         f"# written by `cloud-gateway mqtt acl` from {registry.path}; rewrite, do not edit",
@@ -114,9 +121,7 @@ def acl_text(registry: DeviceRegistry, gateway_user: str) -> str:
         "topic read devices/+/status",
         f"topic read {stream_results_topic('+', '+')}",
     ]
-    for device in registry.devices():
-        if device.revoked:
-            continue
+    for device in broker_users(registry):
         lines += [
             "",
             f"user {device.id}",
@@ -172,8 +177,8 @@ def dynamic_security(
     }
     clients = [_client(gateway_user, hashes[gateway_user], "gateway")]
     roles = [gateway_role]
-    for device in registry.devices():
-        if device.revoked or device.id not in hashes:
+    for device in broker_users(registry):
+        if device.id not in hashes:
             continue
         role = f"device-{device.id}"
         clients.append(_client(device.id, hashes[device.id], role, client_id(device.id)))
@@ -235,10 +240,8 @@ def write_broker_files(
         raise ValueError(f"a device is named {gateway_user!r}, the gateway's broker user")
     hashes = {gateway_user: mosquitto_hash(gateway_password)}
     skipped = []
-    for device in registry.devices():
+    for device in broker_users(registry):
         password = registry.mqtt_password(device.id)
-        if device.revoked:
-            continue
         if password is None:
             skipped.append(device.id)
             continue

@@ -155,8 +155,9 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
 
-    def authenticate(request: Request, *, admin: bool = False) -> Device:
-        return plane.authenticate(parse_bearer(request.headers.get("authorization")), admin=admin)
+    def authenticate(request: Request, *, admin: bool = False, scrape: bool = False) -> Device:
+        token = parse_bearer(request.headers.get("authorization"))
+        return plane.authenticate(token, admin=admin, scrape=scrape)
 
     # -- health (open) -------------------------------------------------------------------
 
@@ -175,16 +176,17 @@ def create_app(
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics(request: Request) -> Response:
-        # the series that name devices and groups are the operators' (an admin token);
-        # with `[metrics] public`, anyone else reads the rest; a token given is checked
+        # the series that name devices and groups are the operators' (an admin or a
+        # metrics token); with `[metrics] public`, anyone else reads the rest; a token
+        # given is checked
         public = plane.config.metrics_public
         operator = False
         if not public or "authorization" in request.headers:
-            operator = authenticate(request).role == "admin"
+            operator = authenticate(request, scrape=True).role in ("admin", "metrics")
             if not (operator or public):
                 raise PermissionDenied(
-                    "/metrics names the fleet's devices: it takes an admin token "
-                    "(or [metrics] public = true for the series that name none)"
+                    "/metrics names the fleet's devices: it takes a metrics or an admin "
+                    "token (or [metrics] public = true for the series that name none)"
                 )
         return Response(plane.metrics.render(operator=operator), media_type=CONTENT_TYPE)
 
