@@ -346,12 +346,18 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """One token bucket per device."""
+    """One token bucket per device (``what`` it counts, for the refusal's message)."""
 
     def __init__(
-        self, rate: float, burst: int, *, clock: Callable[[], float] = time.monotonic
+        self,
+        rate: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        what: str = "requests",
     ) -> None:
         self.rate = rate
+        self.what = what
         self.burst = float(max(burst, 1)) if rate > 0 else 0.0
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
@@ -370,5 +376,6 @@ class RateLimiter:
             bucket = self._buckets[device_id] = TokenBucket(self.rate, self.burst, self.burst, now)
         if not bucket.take(now):
             raise RateLimited(
-                f"rate limit of {self.rate:g} requests/s exceeded for device {device_id!r}"
+                f"rate limit of {self.rate:g} {self.what}/s exceeded for device {device_id!r} "
+                f"(bursts of up to {self.burst:g})"
             )

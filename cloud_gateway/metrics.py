@@ -127,6 +127,13 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.ota_reports_refused = Counter(
+            "gateway_ota_reports_refused",
+            "Update reports refused, not kept: not_offered (a version the device's group "
+            "was never offered), rate_limited.",
+            ["reason"],
+            registry=r,
+        )
         self.dashboard_sign_ins = Counter(
             "gateway_dashboard_sign_ins",
             "Dashboard sign-ins, by outcome (ok, refused).",

@@ -99,7 +99,7 @@ def _port_error(
 # how often what devices were heard from is written (one statement a kind, for them all)
 HEARD_INTERVAL_S = 1.0
 TELEMETRY_INTERVAL_S = 1.0  # how often the telemetry taken is written (one batch)
-PRUNE_INTERVAL_S = 60.0  # how often the history past its hours and old sign-ins go
+PRUNE_INTERVAL_S = 60.0  # how often the history past its hours, old sign-ins and reports go
 
 
 def _ms(seconds: float) -> int:
@@ -126,7 +126,10 @@ class Gateway:
         rollouts = RolloutStore(self.database)
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
-            self.ota = OtaService(config.ota_repository, rollouts, heard=self.plane.note_heard)
+            self.ota = OtaService(
+                config.ota_repository, rollouts, heard=self.plane.note_heard,
+                on_refused=lambda reason: self.metrics.ota_reports_refused.labels(reason).inc(),
+            )  # fmt: skip
         # the fleet's telemetry (over MQTT, or with the update checks) and the dashboard
         settings = config.dashboard
         self.fleet = FleetStore(self.database, history_s=settings.history_hours * 3600)
@@ -397,7 +400,8 @@ class Gateway:
 
     async def _telemetry_loop(self) -> None:
         """Write the telemetry taken in the last second, in one batch off the event loop;
-        once a minute, drop what is past the kept history and the expired sign-ins."""
+        once a minute, drop what is past the kept history, the expired sign-ins and the
+        reports past each device's kept versions."""
         loop = asyncio.get_running_loop()
         last_prune = 0.0
         while True:
@@ -413,6 +417,8 @@ class Gateway:
     def _prune(self) -> None:
         self.fleet.prune()
         self.sessions.prune()
+        if self.ota is not None:
+            self.ota.rollouts.prune_reports()
 
     async def _flush_telemetry(self) -> None:
         if not self.telemetry.pending:

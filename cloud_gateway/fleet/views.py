@@ -9,7 +9,6 @@ kept hours, its reports the newest :data:`~.store.MAX_REPORTS`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,57 +18,15 @@ from cloud_gateway.auth import Device, DeviceRegistry
 from cloud_gateway.fleet.charts import device_charts
 from cloud_gateway.fleet.health import HEALTH, ago, health
 from cloud_gateway.fleet.store import FleetStore, reading
+from cloud_gateway.ota.published import published_versions
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore, in_slice
 from cloud_gateway.repository import ServingRepository
 from edge_core.errors import BadRequest, NotFound
-from edge_core.fields import is_decimal
 
 __all__ = ["DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE", "FleetViews", "published_versions"]
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-
-
-def published_versions(ota_repository: Path | None) -> list[dict[str, Any]]:
-    """The model versions in the OTA repository's newest targets metadata (shown, never
-    trusted: devices verify the signatures; the gateway only reads what it serves)."""
-    if ota_repository is None:
-        return []
-    folder = ota_repository / "metadata"
-    numbered = [
-        (int(p.name.split(".", 1)[0]), p)
-        for p in folder.glob("*.targets.json")
-        if is_decimal(p.name.split(".", 1)[0])
-    ]
-    if not numbered:
-        return []
-    try:
-        document = json.loads(max(numbered)[1].read_text())
-        targets = document["signed"]["targets"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    out = []
-    for path, info in targets.items():
-        custom = info.get("custom") if isinstance(info, dict) else None
-        if not path.startswith("models/") or not isinstance(custom, dict):
-            continue
-        found = custom.get("variant")
-        variant: dict[str, Any] = found if isinstance(found, dict) else {}
-        out.append(
-            {
-                "name": str(custom.get("model", "")),
-                "version": int(custom.get("version", 0) or 0),
-                "groups": [str(g) for g in custom.get("groups", [])],
-                "profiles": [str(p) for p in custom.get("profiles", [])],
-                "variant": str(variant.get("id", "")),
-                "precision": str(variant.get("precision", "")),
-                "format": str(variant.get("format", "")),
-                "size": custom.get("size", custom.get("plaintext_length")),
-                "accuracy": custom.get("accuracy"),
-                "withdrawn": custom.get("withdrawn") is True,
-            }
-        )
-    return sorted(out, key=lambda v: (v["name"], -v["version"]))
 
 
 class FleetViews:

@@ -1,5 +1,8 @@
 """Staged rollouts: which devices get which model version, and their reports.
 
+(Over 400 lines: the plan, the reports it reads and the conditional statements that
+change both share one set of rules about replicas; they stay together.)
+
 A rollout deploys ``name`` ``version`` to ``percent`` of a group. A device is
 in the slice when a stable hash of its id and the model's name falls below
 the percent, so raising the percent keeps the devices already in. Devices
@@ -49,9 +52,12 @@ from cloud_gateway.state.database import StateDatabase
 # Refusals are counted and shown (`rollout status`), for the operator to see.
 FAILURES = ("failed",)
 
-__all__ = ["Rollout", "RolloutStore", "decide", "in_slice"]
+__all__ = ["KEPT_VERSIONS", "Rollout", "RolloutStore", "decide", "in_slice"]
 
 STATES = ("active", "paused", "aborted")
+# A device's reports kept per model: its newest versions' (the plan reads the statuses of
+# versions the group's rollouts offer, which are the newest ones).
+KEPT_VERSIONS = 10
 
 
 def in_slice(device_id: str, name: str, percent: float) -> bool:
@@ -253,6 +259,18 @@ class RolloutStore:
             name=name, version=version, grp=group,
         )  # fmt: skip
         return [{"device": d, "status": s, "detail": t, "at": a} for d, s, t, a in rows]
+
+    def prune_reports(self, keep: int = KEPT_VERSIONS) -> int:
+        """Keep each device's reports on its ``keep`` newest versions of each model; the
+        rows removed. One statement for the whole fleet (the gateway runs it every
+        minute): reports are accepted only for versions the device's group was
+        offered, and this bounds even those as releases add up."""
+        return self._run(
+            "DELETE FROM reports WHERE (SELECT COUNT(*) FROM reports AS newer "
+            "WHERE newer.device = reports.device AND newer.name = reports.name "
+            "AND newer.version > reports.version) >= :keep",
+            keep=keep,
+        )
 
     def report(
         self,

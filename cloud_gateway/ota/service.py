@@ -7,6 +7,21 @@ which version of each model its rollouts give it (and which aborted versions
 it should leave, once the signed metadata withdraws them); ``/v2/ota/report``
 records what it installed or why it failed, after checking every field (a
 malformed report is a 400, never a 500).
+
+What a device sends here is kept, so it is bounded:
+
+- a report must be about a version the device's group was offered: one the
+  OTA repository publishes for the group (:class:`~.published.PublishedIndex`),
+  or one a rollout of the group offers through the plan (the device's failure to
+  find it in the signed metadata is what pauses such a rollout); any other
+  version is a 404, counted (``on_refused("not_offered")``), not stored, so a
+  device cannot invent models for the dashboard;
+- reports are held to :data:`REPORTS_PER_S` per device, in bursts of
+  :data:`REPORT_BURST` (a device reports once per model and check): more is a
+  429, counted (``"rate_limited"``);
+- what is kept is one row per device and offered version, the newest
+  :data:`~.rollouts.KEPT_VERSIONS` of each model
+  (:meth:`~.rollouts.RolloutStore.prune_reports`).
 """
 
 from __future__ import annotations
@@ -16,9 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloud_gateway.auth import Device
+from cloud_gateway.auth import Device, RateLimiter
+from cloud_gateway.ota.published import PublishedIndex
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
-from edge_core.errors import BadRequest, NotFound
+from edge_core.errors import BadRequest, NotFound, RateLimited
 from edge_core.names import MAX_VERSION, MODEL_NAME_RULE, is_model_name
 from edge_core.ota.plan import (
     key_target,
@@ -30,6 +46,8 @@ __all__ = ["OtaService"]
 _METADATA = re.compile(r"(?:[0-9]{1,10}\.)?(?:root|targets|snapshot|timestamp)\.json")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 REPORT_STATUSES = ("installed", "failed", "rolled_back", "refused")
+REPORTS_PER_S = 1.0  # reports a device may send, sustained
+REPORT_BURST = 30  # and at once (one per model of a check)
 
 
 class OtaService:
@@ -39,12 +57,18 @@ class OtaService:
         rollouts: RolloutStore,
         *,
         heard: Callable[[str, str], None] | None = None,
+        on_refused: Callable[[str], None] = lambda reason: None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         """``heard(device, what)``: notes that a device checked or reported, for a batched
-        write (the gateway's); without it, each is written at once."""
+        write (the gateway's); without it, each is written at once. ``on_refused(reason)``
+        counts a report refused (``not_offered``, ``rate_limited``)."""
         self.repository = Path(repository)
         self.rollouts = rollouts
+        self.published = PublishedIndex(self.repository)
+        self.limiter = limiter or RateLimiter(REPORTS_PER_S, REPORT_BURST, what="update reports")
         self._heard = heard or rollouts.seen
+        self._on_refused = on_refused
         self.listeners: list[Callable[[Rollout], None]] = []  # told when a rollout changes
 
     def metadata_path(self, filename: str) -> Path:
@@ -95,12 +119,37 @@ class OtaService:
             + [entry(name, version, withdrawn=True) for name, version in aborted],
         }
 
+    def _allow(self, device: Device) -> None:
+        """Raises: RateLimited (counted)."""
+        try:
+            self.limiter.check(device.id)
+        except RateLimited:
+            self._on_refused("rate_limited")
+            raise
+
+    def _offered(self, device: Device, name: str, version: int) -> None:
+        """Raises: NotFound (counted): ``name`` ``version`` was never offered to the
+        device's group (see the module docstring)."""
+        group = device.group
+        if self.published.offered(group, name, version):
+            return
+        if self.rollouts.get(name, version, group) is not None:
+            return
+        self._on_refused("not_offered")
+        raise NotFound(
+            f"report: {name} v{version} is not published for group {group!r} nor rolled out "
+            "to it; a device reports only on versions its group was offered"
+        )
+
     def report(self, device: Device, body: Any) -> dict[str, Any]:
         """Record a device's report.
 
         Raises:
+            RateLimited: the device sent too many reports (see the module docstring).
             BadRequest: the report is malformed.
+            NotFound: it names a version the device's group was not offered.
         """
+        self._allow(device)
         if not isinstance(body, dict):
             raise BadRequest("a report is a JSON object")
         name, version, status = body.get("name"), body.get("version"), body.get("status")
@@ -114,13 +163,7 @@ class OtaService:
             raise BadRequest(f"report: 'version' must be an integer from 1 to {MAX_VERSION}")
         if status not in REPORT_STATUSES:
             raise BadRequest(f"report: 'status' must be one of {', '.join(REPORT_STATUSES)}")
-        detail = body.get("detail", "")
-        if not isinstance(detail, str):
-            raise BadRequest("report: 'detail' must be a string")
-        try:
-            detail.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest("report: 'detail' holds a lone surrogate (not UTF-8 text)") from None
+        detail = _text(body, "detail")
         serving = body.get("serving")
         if serving is not None and (
             isinstance(serving, bool)
@@ -129,6 +172,7 @@ class OtaService:
         ):
             raise BadRequest(f"report: 'serving' must be an integer from 1 to {MAX_VERSION}")
         variant, latency = _smoke(body.get("smoke"))
+        self._offered(device, name, version)
         self._heard(device.id, "update report")
         paused = self.rollouts.report(
             device.id, device.group, name, version, status, detail, serving=serving,
@@ -139,6 +183,22 @@ class OtaService:
                 listener(paused)
         rollout = self.rollouts.get(name, version, device.group)
         return {"recorded": True, "rollout": rollout.to_dict() if rollout else None}
+
+
+def _text(body: dict[str, Any], key: str, where: str = "report") -> str:
+    """``body[key]``, a string of UTF-8 text (empty when absent).
+
+    Raises:
+        BadRequest: not a string, or not encodable (a lone surrogate).
+    """
+    text = body.get(key, "")
+    if not isinstance(text, str):
+        raise BadRequest(f"{where}: {key!r} must be a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{where}: {key!r} holds a lone surrogate (not UTF-8 text)") from None
+    return text
 
 
 def _smoke(smoke: Any) -> tuple[str, float | None]:
