@@ -67,8 +67,9 @@ def _rollout_start(args: argparse.Namespace) -> int:
         "hear the broker's announcement (an [mqtt] section, and a gateway bridging it), "
         "else at their next periodic check (every [ota] interval_s, 3600 s by default, "
         "plus up to jitter_s) or when the agent starts. To check now on a device: "
-        "edge-agent update --config /etc/edge-agent/agent.toml (the running agent takes "
-        "the new version within a second). Watch it: cloud-gateway rollout status --devices"
+        "sudo edge-agent update --config /etc/edge-agent/agent.toml (it runs as the "
+        "service's account; the running agent takes the new version within a second). "
+        "Watch it: cloud-gateway rollout status --devices"
     )
     return 0
 

@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from edge_agent.cli.account import run_as_state_owner
+from edge_agent.cli.common import PROG
 from edge_core.errors import EdgeError
 
 __all__ = ["register"]
@@ -33,6 +35,7 @@ def _run(args: argparse.Namespace) -> int:
 
     daemon = Daemon(args.config, http_port=args.http_port, grpc_port=args.grpc_port)
     config = daemon.load_config()  # a wrong file fails here, before anything starts
+    run_as_state_owner(config.state_dir, f"{PROG} run")  # as the service's account
     setup_logging(config.logging.format, "debug" if args.debug else config.logging.level)
     try:
         return daemon.run()

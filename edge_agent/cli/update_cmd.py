@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import CliError, print_json
+from edge_agent.cli.account import run_as_state_owner
+from edge_agent.cli.common import PROG, CliError, print_json
 from edge_agent.config import load_agent_config
 
 
@@ -55,19 +56,21 @@ class ProgressBar:
         sys.stderr.flush()
 
 
-def _updater(args: argparse.Namespace, progress: Any = None) -> Any:
+def _updater(args: argparse.Namespace, command: str, progress: Any = None) -> Any:
+    """The updater of ``--config``, run as the service's account (:mod:`.account`)."""
     from edge_agent.assemble import create_updater, resolve_profile
 
     config = load_agent_config(args.config)
     if config.ota is None:
         raise CliError(f"{args.config} has no [ota] section")
+    run_as_state_owner(config.ota.state_dir, f"{PROG} {command}")
     return create_updater(
         config, resolve_profile(config), on_progress=progress or (lambda name, done, total: None)
     )
 
 
 def _update(args: argparse.Namespace) -> int:
-    updater = _updater(args, None if args.quiet else ProgressBar())
+    updater = _updater(args, "update", None if args.quiet else ProgressBar())
     try:
         outcomes = updater.check()
     finally:
@@ -77,7 +80,7 @@ def _update(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    updater = _updater(args)
+    updater = _updater(args, "models rollback")
     try:
         previous = updater.rollback(args.name)
     finally:
