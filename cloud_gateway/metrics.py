@@ -129,8 +129,8 @@ class GatewayMetrics:
         )
         self.ota_reports_refused = Counter(
             "gateway_ota_reports_refused",
-            "Update reports refused, not kept: not_offered (a version the device's group "
-            "was never offered), rate_limited.",
+            "Update reports and check statuses refused, not kept: not_offered (a version "
+            "the device's group was never offered), rate_limited.",
             ["reason"],
             registry=r,
         )

@@ -1,6 +1,6 @@
-"""Commands that write the service's state run as the service's account: with a real
-gateway, and the agent in processes of its own, as root and as an unprivileged account
-(``nobody``)."""
+"""Commands that write the service's state run as the service's account, and a service
+whose update checks keep failing says so to the gateway: with a real gateway, and the
+agent in processes of its own, as root and as an unprivileged account (``nobody``)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,50 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .support.ota_world import LIGHT_INT8, OtaWorld, make_world
+from cloud_gateway.ota.checks import CheckStore
+from edge_agent.ota.failures import REPORT_EVERY_S, CheckFailures
+
+from .support.ota_world import GROUP, LIGHT_INT8, OtaWorld, make_world
 from .support.paths import ROOT
 
 NOBODY = 65534  # the unprivileged account the service's account stands for here
+
+# the updater's background loop, as the service runs it (edge_agent.service.daemon)
+SERVICE = """
+import sys
+from pathlib import Path
+from edge_agent.assemble import create_updater, resolve_profile
+from edge_agent.config import load_agent_config
+config = load_agent_config(Path(sys.argv[1]))
+create_updater(config, resolve_profile(config)).run()
+"""
+
+
+def test_the_gateway_hears_of_failing_checks_once_per_interval_and_of_their_end() -> None:
+    failures = CheckFailures(report_every_s=600.0)
+    assert failures.succeeded() is None  # nothing failed: nothing to say
+    first = failures.failed("the metadata", now=0.0)
+    assert first == {"failing": True, "failures": 1, "detail": "the metadata"}
+    assert failures.failed("the metadata", now=1.0) is not None  # the first was not taken
+    failures.told({"failing": True}, now=1.0)
+    assert [failures.failed("again", now=t) for t in (2.0, 300.0, 600.0)] == [None] * 3
+    assert failures.failed("again", now=601.0) == {
+        "failing": True, "failures": 6, "detail": "again"
+    }  # fmt: skip
+    failures.told({"failing": True}, now=601.0)
+    assert failures.succeeded() == {"failing": False}
+    assert failures.succeeded() == {"failing": False}  # until the gateway takes it
+    failures.told({"failing": False}, now=602.0)
+    assert failures.succeeded() is None
+    assert failures.failed("new", now=603.0) == {"failing": True, "failures": 1, "detail": "new"}
+    assert REPORT_EVERY_S >= 60  # a device checking every second costs one status a minute
 
 
 def _python_for(uid: int) -> tuple[list[str], dict[str, str]] | None:
@@ -141,3 +175,59 @@ def test_a_state_holding_files_of_another_account_is_refused_as_root(
     assert f"{metadata / 'root.json'} is not owned by nobody, who owns {state}" in refused.stderr
     assert f"chown -R nobody: {state}" in refused.stderr
     assert owners(state) == {"ota": NOBODY, "ota/tuf": NOBODY, "ota/tuf/root.json": 0}
+
+
+def test_a_service_whose_update_checks_keep_failing_tells_the_gateway(
+    world: OtaWorld, home: Path, python: tuple[list[str], dict[str, str]]
+) -> None:
+    world.release("digits-light", 2, LIGHT_INT8)
+    config, state = device_files(world, home, interval_s=1, jitter_s=0)
+    # the state an `edge-agent update` run as root left before: root's trusted root, 0600
+    metadata = state / "ota" / "tuf"
+    metadata.mkdir(parents=True)
+    for folder in (state / "ota", metadata):
+        os.chown(folder, NOBODY, NOBODY)
+    root_json = metadata / "root.json"
+    root_json.write_bytes(world.repo.root_bytes())
+    root_json.chmod(0o600)
+    checks = CheckStore(world.gateway.gateway.database)
+    command, env = python
+    log = home / "service.log"
+    with log.open("w") as output:
+        service = subprocess.Popen(
+            [*command, "-c", SERVICE, str(config)], env=env, cwd="/", stdout=output,
+            stderr=subprocess.STDOUT, user=NOBODY, group=NOBODY, extra_groups=[],
+        )  # fmt: skip
+    try:
+        failing = wait_for(lambda: checks.failing_devices(GROUP), "a failing check", log)
+        (check,) = failing
+        assert check["device"] == "cam-01"
+        assert check["detail"].startswith("PermissionError: [Errno 13] Permission denied")
+        assert f"{root_json}" in check["detail"] and f"chown -R nobody: {state}" in check["detail"]
+        shown = world.cli("rollout", "status", "--devices")
+        assert "device cam-01: update checks failing: PermissionError: [Errno 13]" in shown
+        assert "no device has reported yet" not in shown
+        # checks every second, told once: the next status is due only after REPORT_EVERY_S
+        wait_for(lambda: log.read_text().count("update check failed unexpectedly") >= 3,
+                 "three failed checks", log)  # fmt: skip
+        (check,) = checks.failing_devices(GROUP)
+        assert check["failures"] == 1 and check["at"] == check["since"]
+        # the operator gives the state back: the next check installs, and says so
+        os.chown(root_json, NOBODY, NOBODY)
+        wait_for(lambda: not checks.failing_devices(GROUP), "the end of the failures", log)
+        wait_for(lambda: world.rollouts.device_status("cam-01", "digits-light", 2) == "installed",
+                 "the install's report", log)  # fmt: skip
+        assert "update checks failing" not in world.cli("rollout", "status", "--devices")
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+def wait_for(check: Any, what: str, log: Path, seconds: float = 60.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} within {seconds:g} s; the service said:\n{log.read_text()}")

@@ -1,6 +1,6 @@
 """What a device's update reports may cost the gateway: only versions its group was
 offered are kept, a device's reports are rate-limited, and what is kept per device is
-bounded."""
+bounded; a device whose update checks fail says so, and the operator sees it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from cloud_gateway.ota.rollouts import KEPT_VERSIONS, RolloutStore
+from cloud_gateway.auth import DeviceRegistry
+from cloud_gateway.dashboard.web import templates
+from cloud_gateway.ota.rollouts import KEPT_VERSIONS, RolloutStore, in_slice
 from cloud_gateway.ota.service import REPORT_BURST
 from cloud_gateway.state import open_state
 
@@ -111,7 +113,9 @@ def test_a_devices_reports_are_rate_limited_and_not_its_neighbours(world: OtaWor
     assert limited.status_code == 429
     assert "rate limit of 1 update reports/s exceeded for device 'cam-01'" in limited.text
     assert "bursts of up to 30" in limited.text
-    assert refused(world, "rate_limited") == len(codes) - accepted + 1
+    # the check statuses share the allowance
+    assert first.post("/v2/ota/check", json={"failing": False}).status_code == 429
+    assert refused(world, "rate_limited") == len(codes) - accepted + 2
     assert second.post("/v2/ota/report", json=report("digits-light", 2)).status_code == 200
     first.close()
     second.close()
@@ -139,3 +143,87 @@ def test_each_device_keeps_reports_on_its_newest_versions_only(
         ("d2", "m"): [1, 2, 3],
     }
     store.database.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{}", "'failing' must be true or false"),
+        (b'{"failing": "yes"}', "'failing' must be true or false"),
+        (b'{"failing": true}', "'failures' must be an integer from 1 to 1000000000"),
+        (b'{"failing": true, "failures": 0}', "from 1 to"),
+        (b'{"failing": true, "failures": true}', "from 1 to"),
+        (b'{"failing": true, "failures": 10000000000}', "from 1 to"),
+        (b'{"failing": true, "failures": 1, "detail": 5}', "'detail' must be a string"),
+        (b'{"failing": true, "failures": 1, "detail": "\\ud800"}', "lone surrogate"),
+        (b"[]", "a check status is a JSON object"),
+    ],
+)
+def test_a_malformed_check_status_is_a_400(world: OtaWorld, body: bytes, message: str) -> None:
+    device = client(world, "cam-01")
+    answer = device.post(
+        "/v2/ota/check", content=body, headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 400, answer.text
+    assert message in answer.text
+    assert kept(world, "update_checks") == []
+    device.close()
+
+
+def test_failing_update_checks_are_shown_with_the_rollouts_of_the_devices_slice(
+    world: OtaWorld,
+) -> None:
+    world.release("digits-light", 2, LIGHT_INT8)
+    device = client(world, "cam-01")
+    assert in_slice("cam-01", "digits-light", 100)
+    before = world.cli("rollout", "status", "--devices")
+    assert "no device has reported yet" in before
+    why = "PermissionError: [Errno 13] Permission denied: '/var/lib/edge-agent/ota/tuf/root.json'"
+    body = {"failing": True, "failures": 3, "detail": why}
+    assert device.post("/v2/ota/check", json=body).status_code == 200
+    shown = world.cli("rollout", "status", "--devices")
+    assert "update checks failing on 1" in shown
+    assert f"device cam-01: update checks failing: {why} (3 in a row, for " in shown
+    assert "no device has reported yet" not in shown
+    assert f"device cam-01: update checks failing: {why}" in world.cli("rollout", "status")
+    (card,) = world.gateway.gateway.views.rollout_list()
+    assert [(c["device"], c["failures"], c["detail"]) for c in card["failing_checks"]] == [
+        ("cam-01", 3, why)
+    ]
+    page = world.gateway.gateway.views.device("cam-01")
+    assert page["update_checks"]["detail"] == why
+    # a device of another group, or outside the slice, is not this rollout's
+    other = client(world, "cam-09", "elsewhere")
+    assert other.post("/v2/ota/check", json=body).status_code == 200
+    (card,) = world.gateway.gateway.views.rollout_list()
+    assert [c["device"] for c in card["failing_checks"]] == ["cam-01"]
+    # one that succeeds again is not shown any more
+    assert device.post("/v2/ota/check", json={"failing": False}).status_code == 200
+    assert "update checks failing" not in world.cli("rollout", "status", "--devices")
+    assert world.gateway.gateway.views.device("cam-01")["update_checks"] is None
+    device.close()
+    other.close()
+
+
+def test_a_failing_check_is_seen_through_the_dashboard_api(world: OtaWorld) -> None:
+    world.release("digits-light", 2, LIGHT_INT8)
+    admin = DeviceRegistry.add_to(
+        world.gateway.gateway.config.state_url, "ops", "operators", role="admin"
+    )  # before the device, whose first request makes the gateway read both
+    device = client(world, "cam-01")
+    body = {"failing": True, "failures": 1, "detail": "<b>the metadata</b>"}
+    assert device.post("/v2/ota/check", json=body).status_code == 200
+    headers = {"authorization": f"Bearer {admin}"}
+    answer = httpx.get(f"{world.url}/api/rollouts", headers=headers)
+    assert answer.status_code == 200, answer.text
+    rollouts = answer.json()
+    assert rollouts["rollouts"][0]["failing_checks"][0]["detail"] == "<b>the metadata</b>"
+    # and on the rollout's card, escaped
+    views = world.gateway.gateway.views
+    card = (
+        templates()
+        .get_template("_rollouts.html")
+        .render(rollouts=views.rollout_list(), actions=[], refresh=2)
+    )
+    assert "cam-01</a>: update checks failing: &lt;b&gt;the metadata&lt;/b&gt;" in card
+    device.close()

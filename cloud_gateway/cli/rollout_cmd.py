@@ -75,24 +75,38 @@ def _rollout_start(args: argparse.Namespace) -> int:
 
 
 def _rollout_status(args: argparse.Namespace) -> int:
+    import time
+
+    from cloud_gateway.ota.checks import CheckStore, describe_failing
+    from cloud_gateway.ota.rollouts import in_slice
+
     store = _rollouts(args)
     rollouts = store.all(args.name)
     if not rollouts:
         print("no rollouts")
+    failing = CheckStore(store.database).failing_devices() if rollouts else []
+    now = time.time()
     for r in rollouts:
         stats = store.stats(r.name, r.version, r.group)
         reason = f"  ({r.reason})" if r.reason else ""
+        # the devices of its slice whose checks fail: they report nothing of this version
+        stuck = [
+            c for c in failing if c["group"] == r.group and in_slice(c["device"], r.name, r.percent)
+        ]
         print(
             f"{r.name:20} v{r.version:<4} {r.group:16} {r.percent:5g}%  {r.state:8} "
             f"installed {stats['installed']}, failed {stats['failed']}, "
-            f"rolled back {stats['rolled_back']}, refused {stats['refused']}{reason}"
+            f"rolled back {stats['rolled_back']}, refused {stats['refused']}"
+            + (f", update checks failing on {len(stuck)}" if stuck else "")
+            + reason
         )
-        if args.devices:
-            reports = store.reports(r.name, r.version, r.group)
-            for report in reports:
-                print(f"    {report['device']:24} {report['status']:11} {report['detail']}")
-            if not reports:
-                print("    no device has reported yet")
+        reports = store.reports(r.name, r.version, r.group) if args.devices else []
+        for report in reports:
+            print(f"    {report['device']:24} {report['status']:11} {report['detail']}")
+        for check in stuck:
+            print(f"    device {check['device']}: {describe_failing(check, now)}")
+        if args.devices and not reports and not stuck:
+            print("    no device has reported yet")
     return 0
 
 

@@ -18,6 +18,7 @@ from cloud_gateway.auth import Device, DeviceRegistry
 from cloud_gateway.fleet.charts import device_charts
 from cloud_gateway.fleet.health import HEALTH, ago, health
 from cloud_gateway.fleet.store import FleetStore, reading
+from cloud_gateway.ota.checks import CheckStore
 from cloud_gateway.ota.published import published_versions
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore, in_slice
 from cloud_gateway.repository import ServingRepository
@@ -43,6 +44,7 @@ class FleetViews:
         self.registry = registry
         self.fleet = fleet
         self.rollouts = rollouts
+        self.checks = CheckStore(rollouts.database)
         self.repository = repository
         self.ota_repository = ota_repository
         self._clock = clock
@@ -159,6 +161,8 @@ class FleetViews:
         serving = self.rollouts.serving().get(device_id, {})
         last = max(at or 0.0, (status or {}).get("at") or 0.0) or None
         reports = self.fleet.reports_of(device_id)
+        checks = self.checks.failing_devices(device.group)
+        failing = next((self._failing(c, now) for c in checks if c["device"] == device_id), None)
         return {
             "id": device.id,
             "group": device.group,
@@ -176,8 +180,15 @@ class FleetViews:
             "charted_hours": (now - start) / 3600,
             "history_hours": self.fleet.history_s / 3600,
             "reports": [{**r, "ago": f"{ago(now - r['at'])} ago"} for r in reports],
+            "update_checks": failing,
             "time": now,
         }
+
+    @staticmethod
+    def _failing(check: dict[str, Any], now: float) -> dict[str, Any]:
+        """A device whose update checks fail, as the pages show it."""
+        lasting, told = ago(now - check["since"]), ago(now - check["at"])
+        return {**check, "lasting": lasting, "ago": f"{told} ago"}
 
     # -- Rollouts -------------------------------------------------------------------------
 
@@ -187,13 +198,20 @@ class FleetViews:
         for device in self._devices():
             if not device.revoked:
                 by_group.setdefault(device.group, []).append(device.id)
+        rollouts = self.rollouts.all()
+        failing = self.checks.failing_devices() if rollouts else []
         out = []
-        for rollout in self.rollouts.all():
-            out.append(self._rollout(rollout, by_group.get(rollout.group, [])))
+        for rollout in rollouts:
+            out.append(self._rollout(rollout, by_group.get(rollout.group, []), failing))
         return out
 
-    def _rollout(self, rollout: Rollout, group: list[str]) -> dict[str, Any]:
+    def _rollout(
+        self, rollout: Rollout, group: list[str], failing: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         members = [d for d in group if in_slice(d, rollout.name, rollout.percent)]
+        now = self._clock()
+        in_it = set(members)
+        stuck = [self._failing(c, now) for c in failing if c["device"] in in_it]
         stats = self.rollouts.stats(rollout.name, rollout.version, rollout.group)
         size = len(members)
         pending = max(size - stats["reported"], 0)
@@ -216,6 +234,7 @@ class FleetViews:
             "bar": bar,
             "failed_share": round(failed_share, 4),
             "done": size > 0 and stats["installed"] >= size,
+            "failing_checks": stuck,  # devices of the slice whose update checks fail
         }
 
     def rollout(self, name: str, version: int, group: str) -> dict[str, Any]:
@@ -224,7 +243,7 @@ class FleetViews:
         if rollout is None:
             raise NotFound(f"no rollout of {name} v{version} for {group}")
         members = [d.id for d in self._devices() if d.group == group and not d.revoked]
-        return self._rollout(rollout, members)
+        return self._rollout(rollout, members, self.checks.failing_devices(group))
 
     def slice_size(self, name: str, group: str, percent: float) -> int:
         """How many of the group's devices a rollout of ``name`` at ``percent`` holds."""

@@ -6,7 +6,8 @@ is served only its own group's key files. ``/v2/ota/plan`` tells a device
 which version of each model its rollouts give it (and which aborted versions
 it should leave, once the signed metadata withdraws them); ``/v2/ota/report``
 records what it installed or why it failed, after checking every field (a
-malformed report is a 400, never a 500).
+malformed report is a 400, never a 500); ``/v2/ota/check`` records that its
+update checks fail, and why, or succeed again (:mod:`cloud_gateway.ota.checks`).
 
 What a device sends here is kept, so it is bounded:
 
@@ -16,12 +17,13 @@ What a device sends here is kept, so it is bounded:
   find it in the signed metadata is what pauses such a rollout); any other
   version is a 404, counted (``on_refused("not_offered")``), not stored, so a
   device cannot invent models for the dashboard;
-- reports are held to :data:`REPORTS_PER_S` per device, in bursts of
+- both are held to :data:`REPORTS_PER_S` per device, in bursts of
   :data:`REPORT_BURST` (a device reports once per model and check): more is a
   429, counted (``"rate_limited"``);
 - what is kept is one row per device and offered version, the newest
   :data:`~.rollouts.KEPT_VERSIONS` of each model
-  (:meth:`~.rollouts.RolloutStore.prune_reports`).
+  (:meth:`~.rollouts.RolloutStore.prune_reports`), and one row per device whose
+  checks fail.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud_gateway.auth import Device, RateLimiter
+from cloud_gateway.ota.checks import CheckStore
 from cloud_gateway.ota.published import PublishedIndex
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
 from edge_core.errors import BadRequest, NotFound, RateLimited
@@ -46,8 +49,9 @@ __all__ = ["OtaService"]
 _METADATA = re.compile(r"(?:[0-9]{1,10}\.)?(?:root|targets|snapshot|timestamp)\.json")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 REPORT_STATUSES = ("installed", "failed", "rolled_back", "refused")
-REPORTS_PER_S = 1.0  # reports a device may send, sustained
+REPORTS_PER_S = 1.0  # reports and check statuses a device may send, sustained
 REPORT_BURST = 30  # and at once (one per model of a check)
+MAX_FAILURES = 10**9  # the count of failed checks in a row a device may say
 
 
 class OtaService:
@@ -65,6 +69,7 @@ class OtaService:
         counts a report refused (``not_offered``, ``rate_limited``)."""
         self.repository = Path(repository)
         self.rollouts = rollouts
+        self.checks = CheckStore(rollouts.database)
         self.published = PublishedIndex(self.repository)
         self.limiter = limiter or RateLimiter(REPORTS_PER_S, REPORT_BURST, what="update reports")
         self._heard = heard or rollouts.seen
@@ -183,6 +188,33 @@ class OtaService:
                 listener(paused)
         rollout = self.rollouts.get(name, version, device.group)
         return {"recorded": True, "rollout": rollout.to_dict() if rollout else None}
+
+    def check_status(self, device: Device, body: Any) -> dict[str, Any]:
+        """Record whether the device's update checks fail (``{"failing": true,
+        "failures": N, "detail": "why"}``) or succeed again (``{"failing": false}``).
+
+        Raises:
+            RateLimited: the device sent too many reports (shared with :meth:`report`).
+            BadRequest: the body is malformed.
+        """
+        self._allow(device)
+        if not isinstance(body, dict):
+            raise BadRequest("a check status is a JSON object")
+        failing = body.get("failing")
+        if not isinstance(failing, bool):
+            raise BadRequest("check: 'failing' must be true or false")
+        if not failing:
+            self.checks.succeeded(device.id)
+            return {"recorded": True, "failing": False}
+        failures = body.get("failures")
+        if (
+            isinstance(failures, bool)
+            or not isinstance(failures, int)
+            or not 1 <= failures <= MAX_FAILURES
+        ):
+            raise BadRequest(f"check: 'failures' must be an integer from 1 to {MAX_FAILURES}")
+        self.checks.failing(device.id, device.group, failures, _text(body, "detail", "check"))
+        return {"recorded": True, "failing": True}
 
 
 def _text(body: dict[str, Any], key: str, where: str = "report") -> str:

@@ -45,3 +45,9 @@ def add_ota_routes(
         device = authenticate(request)
         body = await read_body(request, MAX_REPORT_BYTES)
         return JSONResponse(ota.report(device, load_json(body, "the report")))
+
+    @app.post("/v2/ota/check", summary="Report that update checks fail, or succeed again")
+    async def check(request: Request) -> JSONResponse:
+        device = authenticate(request)
+        body = await read_body(request, MAX_REPORT_BYTES)
+        return JSONResponse(ota.check_status(device, load_json(body, "the check status")))

@@ -22,6 +22,7 @@ __all__ = [
     "serial",
     "serving",
     "sessions",
+    "update_checks",
 ]
 
 METADATA = sa.MetaData()
@@ -78,6 +79,19 @@ reports = sa.Table(
     sa.Column("variant", sa.String(64), nullable=False, server_default=""),
     sa.Column("latency_ms", sa.Double, nullable=True),
     sa.Index("reports_by_rollout", "name", "version", "grp"),
+)
+
+# Devices whose update checks fail, as they say (0003): one row each while they fail
+# (the device tells the gateway when they start and when one succeeds again).
+update_checks = sa.Table(
+    "update_checks",
+    METADATA,
+    sa.Column("device", sa.String(64), primary_key=True),
+    sa.Column("grp", sa.String(64), nullable=False),
+    sa.Column("failures", sa.Integer, nullable=False),  # checks in a row, as the device counts
+    sa.Column("detail", sa.Text, nullable=False, server_default=""),  # why the last one failed
+    sa.Column("since", sa.Double, nullable=False),  # the gateway's clock, when first told
+    sa.Column("at", sa.Double, nullable=False),  # when last told
 )
 
 # When each device was last heard from, and how (an update check, a request).

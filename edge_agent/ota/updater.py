@@ -42,12 +42,15 @@ the next check), ``failed`` when the version itself does not work. Verification
 of metadata is python-tuf's (pure, behind :mod:`edge_agent.ota.signed`);
 blob checks are :mod:`edge_core.ota.crypto`'s (pure); steps 2-7 are
 :mod:`edge_agent.ota.install`'s; this module decides, per model, whether to
-install, stay or go back, and reports.
+install, stay or go back, and reports. A background check that fails as a whole
+reports no model, so :meth:`OtaUpdater.run` tells the gateway that checks fail, and
+why, as :mod:`edge_agent.ota.failures` says when.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -57,6 +60,7 @@ from typing import Any
 
 from edge_agent.config import OtaSettings
 from edge_agent.ota.bundle import Enrollment
+from edge_agent.ota.failures import CheckFailures
 from edge_agent.ota.fetch import Pace, fetch_plan
 from edge_agent.ota.install import Installer
 from edge_agent.ota.signed import SignedMetadata, refresh
@@ -203,6 +207,7 @@ class OtaUpdater:
         )
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.failures = CheckFailures()  # the background checks' failures in a row
 
     def _metadata(self) -> SignedMetadata:
         return refresh(
@@ -399,7 +404,12 @@ class OtaUpdater:
                 "latency_ms": float(smoke["latency_ms"]),
             }
         try:
-            self.client.post("/v2/ota/report", json=body)
+            answer = self.client.post("/v2/ota/report", json=body)
+            if answer.status_code >= 400:
+                log.warning(
+                    "the gateway refused the report of %s v%d: %d %s",
+                    outcome.name, outcome.version, answer.status_code, answer.text[:300],
+                )  # fmt: skip
         except httpx.HTTPError as exc:
             log.warning("cannot report the update of %s: %s", outcome.name, exc)
         self.on_step("reported")
@@ -480,7 +490,8 @@ class OtaUpdater:
         self._wake.set()
 
     def run(self) -> None:
-        """Check on the interval (plus jitter) until :meth:`stop`; failures are logged.
+        """Check on the interval (plus jitter) until :meth:`stop`; failures are logged
+        and told to the gateway (:mod:`edge_agent.ota.failures`).
 
         Never raises (short of ``BaseException``): a failed check is logged
         and the next one comes at the next interval.
@@ -490,11 +501,51 @@ class OtaUpdater:
                 self.check()
             except UpdateError as exc:
                 log.warning("update check failed: %s", exc)
-            except Exception:  # the thread must outlive any bug: the next check may succeed
+                self._tell(self.failures.failed(str(exc), time.monotonic()))
+            except Exception as exc:  # the thread must outlive any bug: the next may succeed
                 log.exception("update check failed unexpectedly")
+                self._tell(self.failures.failed(self._unexpected(exc), time.monotonic()))
+            else:
+                self._tell(self.failures.succeeded())
             delay = self.settings.interval_s + random.uniform(0, self.settings.jitter_s)
             self._wake.wait(delay)
             self._wake.clear()
+
+    def _unexpected(self, exc: Exception) -> str:
+        """Why a check failed unexpectedly, as the gateway shows it; a file this account
+        may not use says how to give the state back to it."""
+        detail = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, PermissionError):
+            import pwd
+
+            uid = os.geteuid()
+            try:
+                account = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                account = str(uid)
+            detail += (
+                f" (the agent runs as {account}, which may not use it: a command run as "
+                f"another user left it? give the state back: chown -R {account}: "
+                f"{self.store.root.parent})"
+            )
+        return detail
+
+    def _tell(self, status: dict[str, Any] | None) -> None:
+        """``POST /v2/ota/check`` ``status`` (best effort: one the gateway does not take
+        is sent again when the next check is due)."""
+        import httpx
+
+        if status is None:
+            return
+        try:
+            answer = self.client.post("/v2/ota/check", json=status)
+        except httpx.HTTPError as exc:
+            log.debug("cannot tell the gateway how update checks go: %s", exc)
+            return
+        if answer.status_code >= 400:
+            log.debug("the gateway took no check status: %d %s", answer.status_code, answer.text)
+            return
+        self.failures.told(status, time.monotonic())
 
     def stop(self) -> None:
         self._stop.set()

@@ -9,6 +9,8 @@ import importlib
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,7 +38,7 @@ from edge_core.ota.crypto import encrypt_file, unwrap_key
 from edge_core.ota.plan import key_target, payload_target
 
 from .packages import sized_package
-from .paths import MODELS, PROFILES
+from .paths import MODELS, PROFILES, ROOT
 
 GROUP = "rpi5-int8"
 LIGHT_INT8 = MODELS / "digits-light" / "1" / "model.int8.tflite"
@@ -138,6 +140,16 @@ class OtaWorld:
         )
         self.updaters.append(updater)
         return updater
+
+    def cli(self, *args: str) -> str:
+        """What ``cloud-gateway ARGS`` prints on this world's state (it must succeed)."""
+        state = self.gateway.gateway.config.state_dir
+        result = subprocess.run(
+            [sys.executable, "-m", "cloud_gateway", "--state-dir", str(state), *args],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
 
     def store(self, device: Device) -> OtaStore:
         return OtaStore(device.state / "ota")
