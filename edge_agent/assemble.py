@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from edge_agent import profiles
@@ -21,6 +22,7 @@ from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import ConfigError, EdgeError, ModelNotFoundError
 from edge_core.names import is_model_name
+from edge_core.paths import default_model_dir
 from edge_core.repository import ModelRepository
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "create_fleet_link",
     "create_inspector",
     "create_updater",
+    "model_source",
+    "privacy_source",
     "resolve_profile",
 ]
 
@@ -127,12 +131,14 @@ def create_fleet_link(
 
 
 def create_inspector(
-    config: AgentConfig, profile: DeviceProfile, repository: ModelRepository, rules: PolicyRules
+    config: AgentConfig, profile: DeviceProfile, source: ModelSource, rules: PolicyRules
 ) -> PrivacyInspector:
     """The privacy inspector: the face detector that ``[privacy]`` (or else the
-    profile) names, the stronger checker, and the policy's redaction. Without the
-    detector's model, pictures cannot be searched (the exit guard then refuses
-    them): a warning says so.
+    profile) names, the stronger checker, and the policy's redaction, their models
+    from ``source`` (:func:`privacy_source`: an update's before the shipped ones),
+    and opened again from it when an update changes them. Without the detector's
+    model, pictures cannot be searched (the exit guard then refuses them): a warning
+    says so.
 
     Raises:
         ConfigError: the settings make no valid detector.
@@ -157,16 +163,45 @@ def create_inspector(
     except ValueError as exc:
         raise ConfigError(str(exc), path=config.source, field="privacy") from None
     options = replace(profile.runtime, allow_spinning=False, warmup=1)
+
+    def opener() -> tuple[Any, Any]:
+        return open_detectors(source, spec, check, options, profile.formats)
+
+    inspector = PrivacyInspector(None, redaction=redaction, max_pixels=pixels, opener=opener)
     try:
-        detector, checker = open_detectors(repository, spec, check, options)
+        inspector.detector, inspector.checker = opener()
     except EdgeError as exc:
         log.warning(
-            "no face detector (%s): pictures cannot be searched for faces "
-            "(tools/fetch_models.py fetches the models)",
+            "no face detector (%s): pictures cannot be searched for faces until an update "
+            "brings one (the agent's package ships them: is it installed whole?)",
             exc,
         )
-        return PrivacyInspector(None, redaction=redaction, max_pixels=pixels)
-    return PrivacyInspector(detector, checker=checker, redaction=redaction, max_pixels=pixels)
+    return inspector
+
+
+def privacy_source(config: AgentConfig) -> ModelSource:
+    """Where the face detectors come from: as every model (:func:`model_source`), then
+    the agent's own package, which ships them: a ``model_dir`` of the operator's own
+    never leaves the privacy path without them."""
+    source = model_source(config)
+    shipped = default_model_dir()
+    if Path(config.model_dir).resolve() == shipped.resolve():
+        return source
+    return LayeredSource([source, ModelRepository(shipped)])
+
+
+def model_source(config: AgentConfig) -> ModelSource:
+    """Where the agent's models come from: those installed over the air (when the
+    device is enrolled for updates), before those of ``model_dir`` (the shipped ones,
+    by default)."""
+    bundled = ModelRepository(config.model_dir)
+    enrollment = _enrollment(config)
+    if enrollment is None or config.ota is None:
+        return bundled
+    from edge_agent.ota import OtaStore
+
+    store = OtaStore(config.ota.state_dir / "ota")
+    return LayeredSource([OtaSource(store, enrollment.group, enrollment.group_key), bundled])
 
 
 def create_agent(
@@ -188,15 +223,10 @@ def create_agent(
 
     profile = profile or resolve_profile(config)
     bundled = ModelRepository(config.model_dir)
-    source: ModelSource = bundled
+    source = model_source(config)
     enrollment = _enrollment(config)
-    if enrollment is not None and config.ota is not None:
-        from edge_agent.ota import OtaStore
-
-        store = OtaStore(config.ota.state_dir / "ota")
-        source = LayeredSource([OtaSource(store, enrollment.group, enrollment.group_key), bundled])
     rules = load_policy(config.policy or DEFAULT_POLICY, device=profile.offload)
-    inspector = create_inspector(config, profile, bundled, rules)
+    inspector = create_inspector(config, profile, privacy_source(config), rules)
     offload = None
     online: Callable[[], bool] = _always
     if config.gateway is not None:

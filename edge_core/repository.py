@@ -6,13 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from edge_core.errors import ModelNotFoundError
 from edge_core.fields import is_decimal
 from edge_core.manifest import load_package
 from edge_core.package import MANIFEST, ModelPackage
 
-__all__ = ["ModelRepository"]
+__all__ = ["ModelRepository", "ModelSource"]
+
+
+class ModelSource(Protocol):
+    """Where models come from: a repository, the models installed over the air, or
+    both, one before the other."""
+
+    def get(self, name: str) -> ModelPackage:
+        """The package to run for ``name``. Raises ``ModelNotFoundError``."""
+        ...
+
+    def names(self) -> list[str]:
+        """The models it has."""
+        ...
 
 
 class ModelRepository:

@@ -135,7 +135,17 @@ class Agent:
         return True
 
     def reload(self, model: str, package: ModelPackage | None = None) -> None:
-        """Swap in a new version of ``model``: see :meth:`LocalModels.reload`."""
+        """Swap in a new version of ``model``: see :meth:`LocalModels.reload`. A face
+        detector's model opens the privacy checks' eyes again from it (and is loaded
+        as a model of its own only if it was one already).
+
+        Raises:
+            EdgeError: the new version cannot be loaded (the old one keeps serving).
+        """
+        if self.inspector.reload(model):
+            log.info("the privacy checks now search pictures with the new %s", model)
+            if model not in self.models.loaded():
+                return
         self.models.reload(model, package)
 
     def prefer_precision(self, precision: str | None) -> None:

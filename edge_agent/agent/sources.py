@@ -6,24 +6,13 @@ any (:class:`LayeredSource`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from edge_core.errors import ModelNotFoundError
 from edge_core.package import ModelPackage
+from edge_core.repository import ModelSource
 
 __all__ = ["LayeredSource", "ModelSource", "OtaSource"]
-
-
-class ModelSource(Protocol):
-    """Where the agent's models come from."""
-
-    def get(self, name: str) -> ModelPackage:
-        """The package to run for ``name``. Raises ``ModelNotFoundError``."""
-        ...
-
-    def names(self) -> list[str]:
-        """The models it has."""
-        ...
 
 
 class LayeredSource:

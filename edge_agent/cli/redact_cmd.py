@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.agent import DEFAULT_POLICY
-from edge_agent.assemble import create_inspector
+from edge_agent.assemble import create_inspector, privacy_source
 from edge_agent.cli.common import (
     CliError,
     add_model_dir,
@@ -34,7 +34,6 @@ from edge_agent.privacy import PrivacyInspector, Redaction
 from edge_agent.privacy.video import VIDEO_SUFFIXES, output_path, redact_video
 from edge_core.errors import EdgeError
 from edge_core.images import image_format
-from edge_core.repository import ModelRepository
 
 _WRITTEN_AS = {"jpeg": None, "png": None, "webp": None, "bmp": None, "gif": ".png", "tiff": ".png"}
 
@@ -86,9 +85,12 @@ def _redact(args: argparse.Namespace) -> int:
     missing = [str(path) for path in args.inputs if not path.is_file()]
     if missing:
         raise CliError(f"no such file: {', '.join(missing)}")
-    inspector = create_inspector(config, profile, ModelRepository(config.model_dir), rules)
+    inspector = create_inspector(config, profile, privacy_source(config), rules)
     if inspector.detector is None:
-        raise CliError("no face detector here: fetch its model with tools/fetch_models.py")
+        raise CliError(
+            "no face detector here: the agent's package ships them (is it installed "
+            "whole?), and neither model_dir nor an update has one"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     results, failed = [], []
     for source in args.inputs:

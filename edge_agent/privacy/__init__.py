@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from edge_agent.preprocess import ImageView, tensor_to_image
 from edge_agent.privacy.encoded import carries_metadata, decode, encode, unwrap_base64
-from edge_agent.privacy.faces import Face, FaceFinder
+from edge_agent.privacy.faces import DETECTOR_MODELS, Face, FaceFinder
 from edge_agent.privacy.redact import Redaction, redact_faces
 from edge_agent.privacy.text import find_pii, mask_pii
 from edge_core.errors import InputError, PrivacyRefusal
@@ -209,6 +210,12 @@ class PrivacyInspector:
     stronger eye that redacted pictures must pass (default: ``faces`` itself);
     ``redaction`` how faces are hidden. An image file over ``max_pixels`` is
     refused before it is decoded (:class:`~edge_core.errors.InputError`).
+
+    ``opener`` opens the detector and the checker again from where their models are
+    now (the models installed over the air first): :meth:`reload` calls it when one
+    of :data:`~edge_agent.privacy.faces.DETECTOR_MODELS` changes, so a detector
+    delivered by an update replaces the shipped one, and one that cannot be opened
+    leaves the current eyes in place.
     """
 
     def __init__(
@@ -218,11 +225,25 @@ class PrivacyInspector:
         checker: FaceFinder | None = None,
         redaction: Redaction | None = None,
         max_pixels: int = MAX_IMAGE_PIXELS,
+        opener: Callable[[], tuple[FaceFinder, FaceFinder]] | None = None,
     ) -> None:
         self.detector = faces
         self.checker = checker or faces
         self.redaction = redaction or Redaction()
         self.max_pixels = max_pixels
+        self._opener = opener
+
+    def reload(self, model: str) -> bool:
+        """Open the detector and the checker again when ``model`` is one of theirs;
+        whether they changed. Searches already running finish with the old ones.
+
+        Raises:
+            EdgeError: the new model cannot be opened (the old eyes stay).
+        """
+        if self._opener is None or model not in DETECTOR_MODELS:
+            return False
+        self.detector, self.checker = self._opener()
+        return True
 
     def _eye(self, strict: bool) -> FaceFinder | None:
         return self.checker if strict else self.detector

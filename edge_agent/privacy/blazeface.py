@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.privacy.faces import Face, grey_to_rgb, nms
-from edge_core.repository import ModelRepository
+from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions, Session, open_best
 
 __all__ = ["FULL_RANGE", "SHORT_RANGE", "AnchorSpec", "BlazeFace", "anchors", "decode"]
@@ -127,7 +127,7 @@ class BlazeFace:
     """Faces in pictures, with BlazeFace.
 
     Args:
-        repository: where the BlazeFace packages are (``tools/fetch_models.py``).
+        repository: where the BlazeFace packages are (shipped with the agent).
         models: which BlazeFace models to run (``SHORT_RANGE``, ``FULL_RANGE``).
         tiles: also run on an ``n x n`` grid of overlapping tiles (0: whole image only).
         min_score: the lowest score kept (at least the model's own threshold).
@@ -137,7 +137,7 @@ class BlazeFace:
 
     def __init__(
         self,
-        repository: ModelRepository,
+        repository: ModelSource,
         *,
         models: Sequence[AnchorSpec] = (SHORT_RANGE,),
         tiles: int = 3,

@@ -136,9 +136,13 @@ class Daemon:
         return agent
 
     def _warm(self, agent: Agent, config: AgentConfig) -> None:
-        """Load (and warm up) every model that may run here, so no request pays for it."""
+        """Load (and warm up) every model that may run here, so no request pays for it;
+        the face detectors are the privacy checks' (loaded by them), unless asked for."""
+        from edge_agent.privacy.faces import DETECTOR_MODELS
+
         for name in ModelRepository(config.model_dir).names():
-            agent.warm(name)
+            if name not in DETECTOR_MODELS:
+                agent.warm(name)
 
     # -- start and stop -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edge_core.package import ModelPackage, Tolerance, Variant
 from edge_core.tensors import TensorSpec
 
-__all__ = ["sized_package", "with_sparse_member"]
+__all__ = ["blind_centerface", "sized_package", "with_sparse_member"]
 
 
 def sized_package(folder: Path, megabytes: int) -> Path:
@@ -54,6 +54,41 @@ def sized_package(folder: Path, megabytes: int) -> Path:
         variants=(variant,),
         golden_file="golden.npz",
     ).write_manifest()
+    return file
+
+
+def blind_centerface(source: Path, folder: Path, version: int = 2) -> Path:
+    """A CenterFace package (``source``: the shipped one's folder) whose heatmap is all
+    zeros: a detector that finds no face, so that a test can tell whether the privacy
+    checks run it. Valid in every other way (its golden data its own); its ONNX file."""
+    import json
+
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(source / "model.fp32.onnx"))
+    heat = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = [f"{heat}_seen" if out == heat else out for out in node.output]
+    model.graph.initializer.append(numpy_helper.from_array(np.float32(0), "blind"))
+    model.graph.node.append(helper.make_node("Mul", [f"{heat}_seen", "blind"], [heat]))
+    data = model.SerializeToString()
+    folder.mkdir(parents=True)
+    file = folder / "model.fp32.onnx"
+    file.write_bytes(data)
+    manifest = json.loads((source / "manifest.json").read_text())
+    golden = dict(np.load(source / "golden.npz"))
+    inputs = {k.removeprefix("input:"): v for k, v in golden.items() if k.startswith("input:")}
+    session = ort.InferenceSession(data)
+    outputs = dict(
+        zip([o.name for o in session.get_outputs()], session.run(None, inputs), strict=True)
+    )
+    np.savez(folder / "golden.npz", **{f"input:{k}": v for k, v in inputs.items()},
+             **{f"output:{k}": v for k, v in outputs.items()})  # fmt: skip
+    variant = next(v for v in manifest["variants"] if v["format"] == "onnx")
+    variant.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    manifest.update(version=version, variants=[variant])
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return file
 
 
