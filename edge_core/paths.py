@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["default_model_dir", "default_profiles_dir"]
+__all__ = ["PACKAGE_MODELS", "default_model_dir", "default_profiles_dir"]
 
 _PACKAGE = Path(__file__).resolve().parent
+PACKAGE_MODELS = _PACKAGE / "_data/models"  # the models an installed wheel ships
 
 
 def _first_existing(*candidates: Path) -> Path:
@@ -26,4 +27,4 @@ def default_profiles_dir() -> Path:
 
 
 def default_model_dir() -> Path:
-    return _first_existing(_PACKAGE.parent / "models", _PACKAGE / "_data/models")
+    return _first_existing(_PACKAGE.parent / "models", PACKAGE_MODELS)

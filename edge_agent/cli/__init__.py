@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from edge_agent.cli import (
     bench_cmd,
     infer_cmd,
+    install_cmd,
     models_cmd,
     policy_cmd,
     profile_cmd,
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = models_cmd.register(commands)
     toolchain_cmd.register(models)
     update_cmd.register(commands, models)
+    install_cmd.register(models)
     infer_cmd.register(commands)
     policy_cmd.register(commands)
     redact_cmd.register(commands)
