@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -217,6 +218,31 @@ def test_lengths_sent_as_text_are_bounded() -> None:
     for text in ("", "-1", " 1", "²", "1e3", "9" * 20, "1" * 5000):
         with pytest.raises(ProtocolError, match="n must be a non-negative integer"):
             parse_length(text, "n")
+
+
+def test_numbers_from_clients_are_checked_for_type_and_range_before_use() -> None:
+    from edge_core.errors import BadRequest
+    from edge_core.numbers import MAX_INTEGER, integer, number
+
+    assert integer(0, "n") == 0 and integer(MAX_INTEGER, "n") == 2**63 - 1
+    assert (
+        integer("0042", "n", text=True) == 42 and integer("9" * 19, "n", 0, 10**19, text=True) > 0
+    )
+    for value in (2**63, -1, 10**400, True, 1.0, "1", None, [1]):
+        with pytest.raises(
+            BadRequest, match=r"^n must be an integer from 0 to 9223372036854775807$"
+        ):
+            integer(value, "n")
+    for text in ("", "²", "٣", " 1", "+1", "1_0", "0x10", "1e3", "1" * 20, "1" * 5000):
+        with pytest.raises(BadRequest, match="in at most 19 ASCII digits"):
+            integer(text, "n", text=True)
+    assert number(10**2, "x", 0, 100) == 100.0 and number("12.5", "x", 0, 100, text=True) == 12.5
+    for value in (10**400, -(10**400), math.inf, math.nan, 1e308, True, "5", None):
+        with pytest.raises(BadRequest, match=r"^x must be a number from -1 to 100$"):
+            number(value, "x", -1, 100)
+    for text in ("٣", "²", "1e1", "-1", ".5", "5.", "1.2.3", "nan", "inf", "1" * 401):
+        with pytest.raises(BadRequest, match="ASCII digits"):
+            number(text, "x", -1, 100, text=True)
 
 
 # -- passing a request through, and relaying an answer -------------------------------------
