@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import ssl
@@ -36,6 +37,7 @@ from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
 
 NOW = 1_800_000_000.0
 XSS = "<script>alert(1)</script>"
+HUGE_INT = 10**400  # what json.loads makes of 401 digits
 
 # -- the health rule (pure) ---------------------------------------------------------------
 
@@ -89,6 +91,21 @@ def test_telemetry_is_bounded_and_a_bad_document_is_refused_whole() -> None:
     ):
         with pytest.raises(BadRequest):
             columns("status", bad)
+    # a 400-digit integer in any number: refused, naming the field, never an OverflowError
+    for kind, bad, field in (
+        ("status", {"cpu_load": HUGE_INT}, "cpu_load"),
+        ("status", {"temperatures": {"cpu": HUGE_INT}}, "a temperature"),
+        ("status", {"queue": {"waiting": HUGE_INT}}, "queue.waiting"),
+        ("status", {"interval_s": -HUGE_INT}, "interval_s"),
+        ("status", {"models": {"m": {"version": HUGE_INT}}}, "a model's version"),
+        ("status", {"offload": {"guard_refusals": {"faces": HUGE_INT}}}, "a refusal count"),
+        ("decisions", {"decisions": [{"action": "LOCAL", "count": HUGE_INT}]}, "count"),
+        ("decisions", {"degraded": HUGE_INT}, "degraded"),
+        ("latency", {"by_answerer": {"device": {"p50_ms": HUGE_INT}}}, "latency p50_ms"),
+        ("latency", {"by_answerer": {"device": {"p99_ms": float("inf")}}}, "latency p99_ms"),
+    ):
+        with pytest.raises(BadRequest, match=f"telemetry: {field} must be .* from"):
+            columns(kind, bad)
     with pytest.raises(BadRequest):
         columns("thermal", {})
     with pytest.raises(BadRequest):
@@ -157,6 +174,49 @@ def test_the_store_keeps_the_latest_status_and_a_bounded_history(state_url: str)
         database.close()
 
 
+def test_every_document_the_checks_take_fits_both_databases(state_url: str) -> None:  # noqa: F811
+    """Text at and past its column's length, NUL, counts past 32 bits: what the checks
+    take is written (PostgreSQL refused each of these, and with it the whole batch)."""
+    database = open_state(state_url)
+    store = FleetStore(database)
+    try:
+        status = {"profile": "p\x00" * 300, "power_mode": "m" * 1000, "interval_s": 60,
+                  "offload": {"breaker": "b" * 100, "guard_refusals": {"a": 2**53, "b": 2**53}},
+                  "queue": {"waiting": 2**53, "dropped": 2**40}, "seq": 2**63 - 1}  # fmt: skip
+        decisions = {"decisions": [{"action": "LOCAL", "count": 2**53}], "degraded": 2**53}
+        samples = [sample("cam-1", "status", NOW, status),
+                   sample("cam-1", "decisions", NOW, decisions)]  # fmt: skip
+        assert store.write(samples) == 2
+        kept = store.status("cam-1")
+        assert kept is not None
+        assert len(kept["power_mode"]) == 64 and "\x00" not in kept["profile"]
+        assert kept["queue_waiting"] == kept["guard_refusals"] == kept["degraded"] == 2**31 - 1
+        assert kept["decisions"] == {"LOCAL": 2**53}
+    finally:
+        database.close()
+
+
+def test_a_row_the_database_refuses_costs_only_itself(
+    state_url: str,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    database = open_state(state_url)
+    store = FleetStore(database)
+    try:
+        good = [sample(f"cam-{i}", "status", NOW, {"profile": f"p{i}"}) for i in range(9)]
+        # past every check (made here by hand): a seq no database column holds
+        bad = dataclasses.replace(good[4], device="cam-bad", seq=2**64)
+        with caplog.at_level(logging.WARNING, logger="cloud_gateway.fleet.store"):
+            assert store.write([*good[:4], bad, *good[4:]]) == 9
+        statuses = store.statuses()
+        assert sorted(statuses) == sorted(f"cam-{i}" for i in range(9))
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and not warnings[0].exc_info  # one line, no traceback
+        assert "refused 1 document(s) of cam-bad" in warnings[0].getMessage()
+    finally:
+        database.close()
+
+
 def test_the_ingest_keeps_the_newest_of_each_kind_and_drops_strangers(tmp_path: Path) -> None:
     database = open_state(f"sqlite:///{tmp_path / 'state.sqlite'}")
     registry = DeviceRegistry(database)
@@ -182,6 +242,34 @@ def test_the_ingest_keeps_the_newest_of_each_kind_and_drops_strangers(tmp_path: 
         with pytest.raises(BadRequest):  # one bad document: none of them is kept
             ingest.offer_http("cam-1", {"status": {"profile": "p2"}, "latency": {"by_answerer": 1}})
         assert ingest.pending == 0
+    finally:
+        database.close()
+
+
+def test_one_devices_bad_seq_never_costs_another_its_telemetry(tmp_path: Path) -> None:
+    """A seq of 2^64 (no database holds it) made every flush fail, and every device's
+    telemetry of that second was lost: it is refused where it enters, MQTT and HTTP."""
+    database = open_state(f"sqlite:///{tmp_path / 'state.sqlite'}")
+    registry = DeviceRegistry(database)
+    for device in ("cam-bad", "cam-good"):
+        registry.add(device, "g")
+    metrics = GatewayMetrics()
+    ingest = TelemetryIngest(registry, FleetStore(database), metrics, clock=lambda: NOW)
+    try:
+        for seq in (2**64, -1, 1.5, "7", True):
+            bad = json.dumps({"profile": "bad", "seq": seq}).encode()
+            ingest.offer_message("devices/cam-bad/telemetry/status", bad)
+            with pytest.raises(BadRequest, match="seq must be an integer from 0 to"):
+                ingest.offer_http("cam-bad", {"decisions": {}, "status": {"seq": seq}})
+        assert ingest.pending == 0  # nothing of a refused HTTP body kept, not even its first
+        good = json.dumps({"profile": "good", "seq": 2**63 - 1}).encode()
+        ingest.offer_message("devices/cam-good/telemetry/status", good)
+        assert ingest.flush() == 1
+        store = FleetStore(database)
+        assert store.status("cam-bad") is None
+        assert store.status("cam-good")["profile"] == "good"  # type: ignore[index]
+        dropped = metrics.registry.get_sample_value
+        assert dropped("gateway_telemetry_dropped_total", {"reason": "malformed"}) == 5
     finally:
         database.close()
 

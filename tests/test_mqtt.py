@@ -707,6 +707,50 @@ def test_the_generated_acl_keeps_devices_to_their_own_topics(fleet: Fleet) -> No
             client.close()
 
 
+def test_a_devices_bad_seq_never_keeps_another_devices_status_from_updating(
+    fleet: Fleet,
+) -> None:
+    """Through the broker and the bridge: cam-01 sends a seq of 2^64 five times a second
+    (every once-a-second batch held one, and the whole batch failed); cam-02's status is
+    written all the same, and cam-01's refused ones are counted."""
+    bad, good = fleet.client("cam-01"), fleet.client("cam-02")
+    gateway = fleet.gateways[0].gateway
+    dropped = {"reason": "malformed"}
+    before = gateway.metrics.registry.get_sample_value("gateway_telemetry_dropped_total", dropped)
+    profile = f"good-{uuid.uuid4().hex[:8]}"
+    try:
+        stop = threading.Event()
+
+        def flood() -> None:
+            while not stop.wait(0.2):
+                bad.publish("devices/cam-01/telemetry/status",
+                            json.dumps({"profile": "bad", "seq": 2**64}).encode())  # fmt: skip
+
+        flooding = threading.Thread(target=flood, daemon=True)
+        flooding.start()
+        try:
+            time.sleep(0.5)
+            for seq in range(1, 4):  # three statuses, a second apart, as a device would
+                good.publish("devices/cam-02/telemetry/status",
+                             json.dumps({"profile": profile, "seq": seq}).encode())  # fmt: skip
+                time.sleep(1.0)
+            wait_for(
+                lambda: (gateway.fleet.status("cam-02") or {}).get("profile") == profile,
+                timeout=10, what="cam-02's status written",
+            )  # fmt: skip
+        finally:
+            stop.set()
+            flooding.join(5)
+        assert (gateway.fleet.status("cam-01") or {}).get("profile") != "bad"
+        after = gateway.metrics.registry.get_sample_value(
+            "gateway_telemetry_dropped_total", dropped
+        )
+        assert (after or 0) - (before or 0) >= 5
+    finally:
+        bad.close()
+        good.close()
+
+
 def test_a_device_cannot_take_the_gateways_share_of_the_requests(fleet: Fleet) -> None:
     intruder = fleet.client("cam-02")
     connection = fleet.connection("cam-01")

@@ -9,7 +9,11 @@ bounded by the registered devices (one document of each kind each): a topic or a
 token that names no registered device is dropped and counted
 (``gateway_telemetry_dropped_total{reason}``). A repeat (QoS 1 delivers at least once)
 or an older message (one queued on the device through an outage) never replaces a
-newer one: documents are ordered by the device's sequence number, ``seq``.
+newer one: documents are ordered by the device's sequence number, ``seq``. Every
+field is checked where a document enters, over MQTT and HTTP alike (:mod:`.telemetry`),
+so what is held always fits the database; should the database still refuse one, the
+store drops that one alone (:meth:`~.store.FleetStore.write`), and it is counted
+(``reason="refused"``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.fleet.store import FleetStore, Sample
-from cloud_gateway.fleet.telemetry import KINDS, columns, decode
+from cloud_gateway.fleet.telemetry import KINDS, columns, decode, stamp
 from cloud_gateway.metrics import GatewayMetrics
 from edge_core.errors import BadRequest, PermissionDenied
 
@@ -50,21 +54,17 @@ class TelemetryIngest:
         self._pending: dict[tuple[str, str], Sample] = {}
         self._online: dict[str, tuple[str, float]] = {}
 
-    def _drop(self, reason: str) -> None:
-        self.metrics.telemetry_dropped.labels(reason).inc()
+    def _drop(self, reason: str, count: int = 1) -> None:
+        self.metrics.telemetry_dropped.labels(reason).inc(count)
 
     def _known(self, device_id: str) -> bool:
         device = self.registry.get(device_id)
         return device is not None and not device.revoked and device.role == "device"
 
-    def _minute(self, device_time: Any, now: float) -> int:
+    def _minute(self, device_time: float | None, now: float) -> int:
         """The history point of a document: the minute the device made it, when that is
         plausible (within the kept history, not in the future), else now's."""
-        if (
-            isinstance(device_time, (int, float))
-            and not isinstance(device_time, bool)
-            and now - self.store.history_s <= device_time <= now + 60
-        ):
+        if device_time is not None and now - self.store.history_s <= device_time <= now + 60:
             return int(device_time // 60)
         return int(now // 60)
 
@@ -77,13 +77,12 @@ class TelemetryIngest:
         """
         if kind not in KINDS:
             return False
-        values = columns(kind, document)
-        seq = document.get("seq")
-        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+        return self._keep(device_id, kind, _checked(kind, document), source)
+
+    def _keep(self, device_id: str, kind: str, checked: _Checked, source: str) -> bool:
+        values, (seq, device_time) = checked
         now = self._clock()
-        sample = Sample(
-            device_id, kind, now, self._minute(document.get("time"), now), source, seq, values
-        )
+        sample = Sample(device_id, kind, now, self._minute(device_time, now), source, seq, values)
         with self._lock:
             held = self._pending.get((device_id, kind))
             if held is not None and held.seq is not None and seq is not None and seq <= held.seq:
@@ -109,9 +108,9 @@ class TelemetryIngest:
             raise BadRequest(f"telemetry: kind must be one of {', '.join(KINDS)}")
         if not all(isinstance(document, dict) for document in body.values()):
             raise BadRequest("telemetry: each document is a JSON object")
-        for kind, document in body.items():
-            columns(kind, document)  # all checked before any is kept
-        return sum(self.offer(device_id, kind, document, "http") for kind, document in body.items())
+        # all checked before any is kept
+        checked = {kind: _checked(kind, document) for kind, document in body.items()}
+        return sum(self._keep(device_id, kind, checked[kind], "http") for kind in body)
 
     def offer_message(self, topic: str, payload: bytes) -> None:
         """An MQTT message on ``devices/<id>/telemetry/<kind>`` or ``devices/<id>/status``
@@ -154,10 +153,27 @@ class TelemetryIngest:
 
     def flush(self) -> int:
         """Write what is held (run it off the event loop); how many documents. A failed
-        write keeps nothing back: the next documents come within the device's interval."""
+        write keeps nothing back: the next documents come within the device's interval.
+        A document the database refuses costs only itself, and is counted."""
         with self._lock:
             pending, self._pending = self._pending, {}
             online, self._online = self._online, {}
         if online:
             self.store.set_online(online)
-        return self.store.write(sorted(pending.values(), key=lambda s: s.at))
+        samples = sorted(pending.values(), key=lambda s: s.at)
+        written = self.store.write(samples)
+        if written < len(samples):
+            self._drop("refused", len(samples) - written)
+        return written
+
+
+_Checked = tuple[dict[str, Any], tuple[int | None, float | None]]
+
+
+def _checked(kind: str, document: dict[str, Any]) -> _Checked:
+    """A document's columns, its ``seq`` and its ``time``, every field checked.
+
+    Raises:
+        BadRequest: the document is not what its kind says.
+    """
+    return columns(kind, document), stamp(document)

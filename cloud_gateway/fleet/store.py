@@ -6,11 +6,18 @@ once a second): one upsert statement per kind for every device heard from, and o
 for their history points, whatever the number of devices. Replicas may write the same
 device (a repeat, or the same telemetry through two of them): every write is an upsert
 keyed by device (and minute), so the last one wins and nothing is counted twice.
+
+One device never costs another its data: the checks of :mod:`.telemetry` make every
+value fit its column, and should the database refuse a batch all the same, the batch
+is written again in halves down to the one sample it refuses, which alone is dropped
+(logged once a batch, with the count). A database that is down is not a bad row: its
+error is raised as it came.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,8 +32,13 @@ from cloud_gateway.state.database import StateDatabase
 
 __all__ = ["FleetStore", "Sample"]
 
+log = logging.getLogger(__name__)
+
 MAX_ACTIONS = 10_000  # the audit log keeps this many, the newest
 MAX_REPORTS = 100  # a device's reports shown on its page
+# what a database says of a row it cannot hold (a value out of its column's range or
+# length); SQLite's driver raises OverflowError for an integer past 64 bits itself
+_ROW_ERRORS = (sa.exc.DataError, sa.exc.IntegrityError, OverflowError)
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,41 @@ class FleetStore:
     # -- writes ---------------------------------------------------------------------------
 
     def write(self, samples: Iterable[Sample]) -> int:
-        """Store a batch (at most one sample per device and kind); how many."""
+        """Store a batch (at most one sample per device and kind); how many were stored:
+        all of them but those the database refused (logged).
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database failed (not one of the rows).
+        """
+        refused: list[tuple[Sample, Exception]] = []
+        written = self._write_halves(list(samples), refused)
+        if refused:
+            (first, error), devices = refused[0], sorted({s.device for s, _ in refused})
+            reason = str(getattr(error, "orig", None) or error).splitlines()[0][:200]
+            log.warning(
+                "telemetry: the database refused %d document(s) of %s, dropped them "
+                "(the first, %s's %s: %s)", len(refused), ", ".join(devices[:5]),
+                first.device, first.kind, reason,
+            )  # fmt: skip
+        return written
+
+    def _write_halves(self, batch: list[Sample], refused: list[tuple[Sample, Exception]]) -> int:
+        """The batch in one transaction; refused, each half of it again, down to the one
+        sample refused (a few transactions for a bad row, not one per row)."""
+        if not batch:
+            return 0
+        try:
+            return self._write_batch(batch)
+        except _ROW_ERRORS as exc:
+            if len(batch) == 1:
+                refused.append((batch[0], exc))
+                return 0
+        middle = len(batch) // 2
+        return self._write_halves(batch[:middle], refused) + self._write_halves(
+            batch[middle:], refused
+        )
+
+    def _write_batch(self, samples: list[Sample]) -> int:
         by_kind: dict[str, list[dict[str, Any]]] = {}
         points: dict[tuple[str, int], dict[str, Any]] = {}
         count = 0

@@ -5,33 +5,47 @@ A device sends the kinds of :mod:`edge_agent.reports` (``status``, ``decisions``
 ``POST /v2/telemetry`` (``{kind: document}``) with its update check when it has no
 broker. Each becomes the columns of its kind in ``device_status`` and in the minute's
 ``device_history`` point (:func:`columns`). Everything a device sends is untrusted:
-numbers must be finite and in range, strings are cut to a length, maps to a number of
-entries, and a payload that is not what its kind says is refused whole
+numbers must be of their type, finite and in range (:mod:`edge_core.numbers`: an
+integer of 400 digits is refused, never converted), strings are cut to a length, maps
+to a number of entries, and a payload that is not what its kind says is refused whole
 (:class:`~edge_core.errors.BadRequest`), never half taken. Text keeps whatever
-characters it has: the pages escape it.
+characters it has (the pages escape it) but NUL, which PostgreSQL cannot store.
+
+What is taken always fits its column on both databases, so that one device's document
+cannot make the batch it is written in fail (:mod:`.store`): text is cut to the
+column's length, and a count kept in an integer column (32 bits on PostgreSQL) is
+taken up to 2^53 and kept at most :data:`MAX_COLUMN_COUNT`, which no device reaches.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from edge_core.errors import BadRequest
+from edge_core.numbers import MAX_INTEGER, integer, number
 
 __all__ = [
     "KINDS",
     "MAX_PAYLOAD_BYTES",
+    "body_schema",
     "columns",
     "decode",
     "history_columns",
+    "stamp",
 ]
 
 KINDS = ("status", "decisions", "latency")  # the others (ota, thermal, streams) are not kept
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_TEXT = 200
 MAX_ENTRIES = 32
+MAX_COUNT = 2**53  # JSON's exact integers
+MAX_COLUMN_COUNT = 2**31 - 1  # an INTEGER column (PostgreSQL's are 32 bits)
 REJECT = "REJECT"
+TEMPERATURE_C = (-100.0, 300.0)
+CPU_LOAD = (0.0, 1e4)
+INTERVAL_S = (0.1, 86400.0 * 7)
+LATENCY_MS = (0.0, 1e7)
 
 
 def decode(payload: bytes) -> dict[str, Any]:
@@ -51,27 +65,25 @@ def decode(payload: bytes) -> dict[str, Any]:
     return document
 
 
-def _text(value: Any, what: str) -> str | None:
+def _text(value: Any, what: str, limit: int = MAX_TEXT) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise BadRequest(f"telemetry: {what} must be a string")
-    return value[:MAX_TEXT].encode("utf-8", "replace").decode("utf-8")
+    text = value[:limit].encode("utf-8", "replace").decode("utf-8")
+    return text.replace("\x00", "\ufffd")  # PostgreSQL's text holds no NUL
 
 
 def _number(value: Any, what: str, low: float = 0.0, high: float = 1e9) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"telemetry: {what} must be a number")
-    if not math.isfinite(value) or not low <= value <= high:
-        raise BadRequest(f"telemetry: {what} must be from {low:g} to {high:g}")
-    return float(value)
+    return None if value is None else number(value, f"telemetry: {what}", low, high)
 
 
 def _count(value: Any, what: str) -> int | None:
-    number = _number(value, what, 0, 2**53)
-    return None if number is None else int(number)
+    return None if value is None else integer(value, f"telemetry: {what}", 0, MAX_COUNT)
+
+
+def _column_count(value: int | None) -> int | None:
+    return None if value is None else min(value, MAX_COLUMN_COUNT)
 
 
 def _flag(value: Any, what: str) -> bool | None:
@@ -105,25 +117,27 @@ def _status(document: dict[str, Any]) -> dict[str, Any]:
         }
     temperatures: dict[str, float | None] = {}
     for zone, value in _map(document.get("temperatures"), "temperatures").items():
-        temperatures[str(zone)[:64]] = _number(value, "a temperature", -100, 300)
+        temperatures[str(zone)[:64]] = _number(value, "a temperature", *TEMPERATURE_C)
     known = [t for t in temperatures.values() if t is not None]
     queue = _map(document.get("queue"), "queue")
     offload = _map(document.get("offload"), "offload")
     refusals = _map(offload.get("guard_refusals"), "offload.guard_refusals")
     return {
         "profile": _text(document.get("profile"), "profile"),
-        "power_mode": _text(document.get("power_mode"), "power_mode"),
+        "power_mode": _text(document.get("power_mode"), "power_mode", 64),
         "models": _json(models),
         "temperatures": _json(temperatures),
         "hottest": max(known) if known else None,
         "throttled": bool(_flag(document.get("throttled"), "throttled")),
         "critical": bool(_flag(document.get("critical"), "critical")),
-        "cpu_load": _number(document.get("cpu_load"), "cpu_load", 0, 1e4),
-        "breaker": (_text(offload.get("breaker"), "offload.breaker") or "")[:16] or None,
-        "guard_refusals": sum(_count(v, "a refusal count") or 0 for v in refusals.values()),
-        "queue_waiting": _count(queue.get("waiting"), "queue.waiting"),
-        "queue_dropped": _count(queue.get("dropped"), "queue.dropped"),
-        "interval_s": _number(document.get("interval_s"), "interval_s", 0.1, 86400 * 7),
+        "cpu_load": _number(document.get("cpu_load"), "cpu_load", *CPU_LOAD),
+        "breaker": _text(offload.get("breaker"), "offload.breaker", 16) or None,
+        "guard_refusals": _column_count(
+            sum(_count(v, "a refusal count") or 0 for v in refusals.values())
+        ),
+        "queue_waiting": _column_count(_count(queue.get("waiting"), "queue.waiting")),
+        "queue_dropped": _column_count(_count(queue.get("dropped"), "queue.dropped")),
+        "interval_s": _number(document.get("interval_s"), "interval_s", *INTERVAL_S),
     }
 
 
@@ -140,7 +154,7 @@ def _decisions(document: dict[str, Any]) -> dict[str, Any]:
         raise BadRequest(f"telemetry: more than {MAX_ENTRIES} actions")
     return {
         "decisions": _json(dict(sorted(by_action.items()))),
-        "degraded": _count(document.get("degraded"), "degraded") or 0,
+        "degraded": _column_count(_count(document.get("degraded"), "degraded")) or 0,
     }
 
 
@@ -149,13 +163,63 @@ def _latency(document: dict[str, Any]) -> dict[str, Any]:
     for answerer, entry in _map(document.get("by_answerer"), "by_answerer").items():
         entry = _map(entry, "a latency")
         summary[str(answerer)[:32]] = {
-            key: _number(entry.get(key), f"latency {key}", 0, 1e7)
+            key: _number(entry.get(key), f"latency {key}", *LATENCY_MS)
             for key in ("p50_ms", "p95_ms", "p99_ms")
         }
     return {"latency": _json(summary)}
 
 
 _PARSERS = {"status": _status, "decisions": _decisions, "latency": _latency}
+
+
+def _range(kind: str, low: float, high: float) -> dict[str, Any]:
+    return {"type": kind, "minimum": low, "maximum": high}
+
+
+def body_schema() -> dict[str, Any]:
+    """The JSON schema of ``POST /v2/telemetry``'s body (in the OpenAPI document): the
+    fields of each kind that are kept, with the ranges the checks hold them to (text
+    longer than its limit is cut, not refused; fields not named here are ignored, kinds
+    not named here refused)."""
+    count = _range("integer", 0, MAX_COUNT)
+    order = {"seq": _range("integer", 0, MAX_INTEGER), "time": _range("number", 0, MAX_COUNT)}
+    latency = {key: _range("number", *LATENCY_MS) for key in ("p50_ms", "p95_ms", "p99_ms")}
+    kinds: dict[str, dict[str, Any]] = {
+        "status": {
+            "profile": {"type": "string"},
+            "power_mode": {"type": "string"},
+            "models": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                "version": count, "variant": {"type": "string"}}}},
+            "temperatures": {"type": "object",
+                             "additionalProperties": _range("number", *TEMPERATURE_C)},
+            "throttled": {"type": "boolean"},
+            "critical": {"type": "boolean"},
+            "cpu_load": _range("number", *CPU_LOAD),
+            "queue": {"type": "object", "properties": {"waiting": count, "dropped": count}},
+            "offload": {"type": "object", "properties": {
+                "breaker": {"type": "string"},
+                "guard_refusals": {"type": "object", "additionalProperties": count}}},
+            "interval_s": _range("number", *INTERVAL_S),
+        },
+        "decisions": {
+            "decisions": {"type": "array", "items": {"type": "object", "properties": {
+                "action": {"type": "string"}, "reason": {"type": "string"}, "count": count}}},
+            "degraded": count,
+        },
+        "latency": {
+            "by_answerer": {"type": "object", "additionalProperties": {
+                "type": "object", "properties": latency}},
+        },
+    }  # fmt: skip
+    return {
+        "type": "object",
+        "description": "The device's periodic telemetry by kind, as over MQTT",
+        "additionalProperties": False,  # another kind is refused
+        "properties": {
+            kind: {"type": "object", "properties": {**order, **fields}}
+            for kind, fields in kinds.items()
+        },
+    }
 
 
 def columns(kind: str, document: dict[str, Any]) -> dict[str, Any]:
@@ -168,6 +232,23 @@ def columns(kind: str, document: dict[str, Any]) -> dict[str, Any]:
     if parser is None:
         raise BadRequest(f"telemetry: kind must be one of {', '.join(KINDS)}")
     return parser(document)
+
+
+def stamp(document: dict[str, Any]) -> tuple[int | None, float | None]:
+    """A document's ``seq`` (the device's count of the messages it made, which orders
+    them: a repeat or an older one never replaces a newer one) and ``time`` (its clock,
+    in seconds since the epoch: which minute of the history it is, when plausible);
+    ``None`` for either that is absent.
+
+    Raises:
+        BadRequest: a ``seq`` that is not an integer from 0 to 2^63 - 1 (what the
+            database holds), a ``time`` that is not a number from 0 to 2^53.
+    """
+    seq, time = document.get("seq"), document.get("time")
+    return (
+        None if seq is None else integer(seq, "telemetry: seq", 0, MAX_INTEGER),
+        None if time is None else number(time, "telemetry: time", 0, MAX_COUNT),
+    )
 
 
 def history_columns(kind: str, values: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from cloud_gateway.dashboard.context import DashboardContext
 from cloud_gateway.dashboard.web import add_page_routes
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.fleet.ingest import TelemetryIngest
-from cloud_gateway.fleet.telemetry import MAX_PAYLOAD_BYTES
+from cloud_gateway.fleet.telemetry import MAX_PAYLOAD_BYTES, body_schema
 from cloud_gateway.metrics import CONTENT_TYPE
 from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.body import read_body
@@ -86,22 +86,7 @@ _INFER_BODY: dict[str, Any] = {
 
 
 _TELEMETRY_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "description": "The device's periodic telemetry by kind, as over MQTT",
-                    "properties": {
-                        "status": {"type": "object"},
-                        "decisions": {"type": "object"},
-                        "latency": {"type": "object"},
-                    },
-                }
-            }
-        },
-    }
+    "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema()}}}
 }
 
 
