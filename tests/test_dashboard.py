@@ -437,6 +437,44 @@ def test_the_api_is_admin_only_bounded_and_in_the_openapi_document(
     assert not [p for p in paths if p.startswith("/ui")]
 
 
+def test_huge_and_unicode_numbers_are_400_on_the_telemetry_and_action_endpoints(
+    gateway: GatewayHandle,
+) -> None:
+    """Each of these answered 500: a 400-digit integer in telemetry or in an action's
+    percent or threshold, a version of "²"; "٣" (which int() reads as 3) was taken."""
+    url = f"http://{gateway.http_url}"
+    for document, field in (
+        ({"status": {"cpu_load": HUGE_INT}}, "cpu_load"),
+        ({"status": {"temperatures": {"cpu": HUGE_INT}}}, "a temperature"),
+        ({"decisions": {"decisions": [{"action": "LOCAL", "count": HUGE_INT}]}}, "count"),
+        ({"latency": {"by_answerer": {"cloud": {"p95_ms": HUGE_INT}}}}, "latency p95_ms"),
+        ({"status": {"profile": "p", "seq": 2**64}}, "seq"),
+    ):
+        sent = httpx.post(f"{url}/v2/telemetry", json=document, headers=gateway.headers())
+        assert sent.status_code == 400, (document, sent.text)
+        assert f"telemetry: {field} must be" in sent.json()["error"]
+    admin = gateway.headers(gateway.admin_token)
+    start = {"action": "start", "name": "digits-light", "version": 2, "group": "rpi5-int8",
+             "percent": 10}  # fmt: skip
+    for change, field in (
+        ({"percent": HUGE_INT}, "percent must be a number from 0 to 100"),
+        ({"percent": "٣"}, "percent must be a number from 0 to 100, in at most 19 ASCII"),
+        ({"failure_threshold": -HUGE_INT}, "failure_threshold must be a number from 0 to 100"),
+        ({"version": "²"}, "version must be an integer from 1 to"),
+        ({"version": "٣"}, "version must be an integer from 1 to"),
+        ({"version": HUGE_INT}, "version must be an integer from 1 to"),
+        ({"version": 2.0}, "version must be an integer from 1 to"),
+    ):
+        answer = httpx.post(f"{url}/api/rollouts/actions", json={**start, **change},
+                            headers=admin)  # fmt: skip
+        assert answer.status_code == 400 and field in answer.json()["error"], (change, answer.text)
+    client = signed_in(gateway)
+    for query in ({"version": "²"}, {"percent": "1" * 401}, {"failure_threshold": "٣"}):
+        page = client.get("/ui/confirm", params={**start, **query})
+        assert page.status_code == 400 and "ASCII digits" in page.text, (query, page.text)
+    assert client.get("/ui/fleet", params={"page": "٣"}).status_code == 400
+
+
 def test_device_values_are_escaped_on_every_page(gateway: GatewayHandle) -> None:
     url = f"http://{gateway.http_url}"
     document = {"status": {"profile": XSS, "power_mode": XSS, "models": {XSS: {"version": 1,

@@ -6,7 +6,6 @@ devices (through the MQTT bridge, when there is one)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from cloud_gateway.fleet.views import FleetViews, published_versions
 from cloud_gateway.ota.rollouts import Rollout, RolloutStore
 from edge_core.errors import BadRequest, NotFound
 from edge_core.names import MAX_VERSION, MODEL_NAME_RULE, is_model_name
+from edge_core.numbers import integer, number
 
 __all__ = ["ACTIONS", "Action", "Operations", "parse_action"]
 
@@ -38,18 +38,9 @@ class Action:
         return f"{self.name} v{self.version} for {self.group}"
 
 
-def _number(value: Any, what: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise BadRequest(f"{what} must be a number") from None
-    if not math.isfinite(number):
-        raise BadRequest(f"{what} must be a number")
-    return number
-
-
 def parse_action(fields: dict[str, Any]) -> Action:
-    """An action from a form's or a JSON body's fields (strings or numbers).
+    """An action from a form's or a JSON body's fields (strings or numbers; a string
+    is ASCII digits, checked before it is read: :mod:`edge_core.numbers`).
 
     Raises:
         BadRequest: an unknown action, a malformed name, version, group, percent or
@@ -61,26 +52,21 @@ def parse_action(fields: dict[str, Any]) -> Action:
     name = fields.get("name")
     if not isinstance(name, str) or not is_model_name(name):
         raise BadRequest(f"name must be a model name ({MODEL_NAME_RULE})")
-    raw = fields.get("version")
-    version = int(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 12 else raw
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise BadRequest("version must be an integer")
-    if not 1 <= version <= MAX_VERSION:
-        raise BadRequest(f"version must be from 1 to {MAX_VERSION}")
+    version = integer(fields.get("version"), "version", 1, MAX_VERSION, text=True)
     group = fields.get("group")
     if not isinstance(group, str) or not DEVICE_ID.match(group):
         raise BadRequest("group must be 1-64 letters, digits, '-' or '_'")
     percent = None
     if action in ("start", "raise"):
-        percent = _number(fields.get("percent"), "percent")
-        if not 0 < percent <= 100:
+        percent = number(fields.get("percent"), "percent", 0, 100, text=True)
+        if percent == 0:
             raise BadRequest("percent must be above 0 and at most 100")
     threshold = 0.2
     if action == "start" and fields.get("failure_threshold") not in (None, ""):
-        threshold = _number(fields.get("failure_threshold"), "failure_threshold")
+        threshold = number(fields.get("failure_threshold"), "failure_threshold", 0, 100, text=True)
         if threshold > 1:  # given as a percent
             threshold /= 100
-        if not 0 < threshold <= 1:
+        if threshold == 0:
             raise BadRequest("failure_threshold must be above 0 and at most 1 (or 100%)")
     return Action(action, name, version, group, percent, threshold)
 

@@ -34,6 +34,7 @@ from cloud_gateway.fleet.health import HEALTH
 from cloud_gateway.fleet.views import DEFAULT_PAGE_SIZE
 from cloud_gateway.rest.body import read_body
 from edge_core.errors import BadRequest, EdgeError, PermissionDenied, Unauthenticated
+from edge_core.numbers import integer
 from edge_core.status import status_of
 
 __all__ = ["add_page_routes", "templates"]
@@ -215,7 +216,7 @@ def add_page_routes(app: FastAPI, context: DashboardContext) -> None:
             return to_login(request)
         query = request.query_params
         try:
-            page = int(query.get("page", "1") or 1)
+            page = integer(query.get("page") or "1", "page", 1, 1_000_000, text=True)
             filters = {
                 "group": query.get("group") or None,
                 "model": query.get("model") or None,
@@ -224,8 +225,6 @@ def add_page_routes(app: FastAPI, context: DashboardContext) -> None:
             view = await run_in_threadpool(
                 views.fleet_list, page=page, size=DEFAULT_PAGE_SIZE, **filters
             )
-        except ValueError:
-            return error(BadRequest("page must be a number"), caller)
         except EdgeError as exc:
             return error(exc, caller)
         named = (("group", filters["group"]), ("model", filters["model"]),
