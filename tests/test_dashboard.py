@@ -475,6 +475,18 @@ def test_huge_and_unicode_numbers_are_400_on_the_telemetry_and_action_endpoints(
     assert client.get("/ui/fleet", params={"page": "٣"}).status_code == 400
 
 
+def test_a_device_that_never_sent_telemetry_has_its_page(gateway: GatewayHandle) -> None:
+    """An enrolled device with no telemetry yet: its page, not a 500."""
+    client = signed_in(gateway)
+    for headers in ({}, {"hx-request": "true"}):  # the whole page, and its live part
+        page = client.get("/ui/devices/cam-01", headers=headers)
+        assert page.status_code == 200, page.text
+        assert '<dd id="device-profile">–</dd>' in page.text and "none yet" in page.text
+    admin = gateway.headers(gateway.admin_token)
+    answer = httpx.get(f"http://{gateway.http_url}/api/devices/cam-01", headers=admin)
+    assert answer.status_code == 200 and answer.json()["status"] is None
+
+
 def test_device_values_are_escaped_on_every_page(gateway: GatewayHandle) -> None:
     url = f"http://{gateway.http_url}"
     document = {"status": {"profile": XSS, "power_mode": XSS, "models": {XSS: {"version": 1,

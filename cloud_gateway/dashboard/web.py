@@ -31,6 +31,7 @@ from cloud_gateway.dashboard.context import SECURITY_HEADERS, Caller, DashboardC
 from cloud_gateway.dashboard.sessions import COOKIE
 from cloud_gateway.fleet.charts import HEIGHT, WIDTH
 from cloud_gateway.fleet.health import HEALTH
+from cloud_gateway.fleet.store import blank_status
 from cloud_gateway.fleet.views import DEFAULT_PAGE_SIZE
 from cloud_gateway.rest.body import read_body
 from edge_core.errors import BadRequest, EdgeError, PermissionDenied, Unauthenticated
@@ -251,7 +252,7 @@ def add_page_routes(app: FastAPI, context: DashboardContext) -> None:
         except EdgeError as exc:
             return error(exc, caller)
         name = "_device.html" if request.headers.get("hx-request") else "device.html"
-        return html(name, caller=caller, view=view)
+        return html(name, caller=caller, view=view, device_status=view["status"] or blank_status())
 
     @app.get("/ui/rollouts", include_in_schema=False)
     async def rollouts_page(request: Request) -> Response:

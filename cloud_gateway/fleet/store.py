@@ -30,12 +30,13 @@ from cloud_gateway.fleet.telemetry import history_columns
 from cloud_gateway.state import schema
 from cloud_gateway.state.database import StateDatabase
 
-__all__ = ["FleetStore", "Sample"]
+__all__ = ["FleetStore", "Sample", "blank_status"]
 
 log = logging.getLogger(__name__)
 
 MAX_ACTIONS = 10_000  # the audit log keeps this many, the newest
 MAX_REPORTS = 100  # a device's reports shown on its page
+_JSON_COLUMNS = ("models", "temperatures", "decisions", "latency")
 # what a database says of a row it cannot hold (a value out of its column's range or
 # length); SQLite's driver raises OverflowError for an integer past 64 bits itself
 _ROW_ERRORS = (sa.exc.DataError, sa.exc.IntegrityError, OverflowError)
@@ -223,7 +224,7 @@ class FleetStore:
         if found is None:
             return None
         out = dict(found)
-        for name in ("models", "temperatures", "decisions", "latency"):
+        for name in _JSON_COLUMNS:
             out[name] = _loads(out[name])
         return out
 
@@ -294,6 +295,15 @@ class FleetStore:
                 sa.select(table).order_by(table.c.id.desc()).limit(limit)
             ).mappings()
             return [dict(row) for row in rows]
+
+
+def blank_status() -> dict[str, Any]:
+    """A device's status before its first telemetry: every column of a status row
+    (:meth:`FleetStore.status`), none known, so that a page shows "–" for each rather
+    than failing on a missing one."""
+    out: dict[str, Any] = dict.fromkeys(schema.device_status.columns.keys())
+    out.update({name: {} for name in _JSON_COLUMNS})
+    return out
 
 
 def reading(row: dict[str, Any] | None) -> Reading | None:
