@@ -30,6 +30,7 @@ from edge_core.errors import BadRequest
 __all__ = [
     "MAX_VERSION",
     "MODEL_NAME",
+    "MODEL_NAME_PATTERN",
     "MODEL_NAME_RULE",
     "VERSION_RULE",
     "check_model_name",
@@ -41,6 +42,7 @@ MODEL_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MODEL_NAME_RULE = (
     "1-128 letters, digits, '.', '_' or '-', starting with a letter or a digit, without '..'"
 )
+MODEL_NAME_PATTERN = f"^{MODEL_NAME.pattern}$"  # the rule in a JSON schema (OpenAPI)
 MAX_VERSION = 2**63 - 1  # what SQLite and JSON peers hold as an integer
 VERSION_RULE = f"a decimal integer from 1 to {MAX_VERSION}"
 _VERSION = re.compile(r"[0-9]{1,19}")

@@ -11,12 +11,14 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from cloud_gateway.auth import DEVICE_ID
 from cloud_gateway.dashboard.actions import parse_action
 from cloud_gateway.dashboard.context import SECURITY_HEADERS, DashboardContext
 from cloud_gateway.fleet.health import HEALTH
 from cloud_gateway.fleet.views import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from cloud_gateway.rest.body import read_body
 from edge_core.errors import BadRequest, PermissionDenied
+from edge_core.names import MAX_VERSION, MODEL_NAME_PATTERN
 from edge_core.protocol.rest import load_json
 
 __all__ = ["add_api_routes"]
@@ -85,11 +87,13 @@ def add_api_routes(app: FastAPI, context: DashboardContext) -> None:
                             "properties": {
                                 "action": {"enum": ["start", "raise", "pause", "resume",
                                                     "abort"]},
-                                "name": {"type": "string"},
-                                "version": {"type": "integer"},
-                                "group": {"type": "string"},
-                                "percent": {"type": "number"},
-                                "failure_threshold": {"type": "number"},
+                                "name": {"type": "string", "pattern": MODEL_NAME_PATTERN},
+                                "version": {"type": "integer", "minimum": 1,
+                                            "maximum": MAX_VERSION},
+                                "group": {"type": "string", "pattern": DEVICE_ID.pattern},
+                                "percent": {"type": "number", "minimum": 0, "maximum": 100},
+                                "failure_threshold": {"type": "number", "minimum": 0,
+                                                      "maximum": 100},
                             },
                         }
                     }
