@@ -458,3 +458,11 @@ def test_only_the_parameters_an_operator_lists_reach_the_engine() -> None:
     assert asyncio.run(sent_with(())) == {}
     # the deadline is the gateway's own, never the device's parameter
     assert asyncio.run(sent_with(("sequence_id", "timeout"))) == {"sequence_id": 5}
+
+
+def test_an_engine_version_in_unicode_digits_is_no_version() -> None:
+    """``"²".isdigit()`` is true and ``int("²")`` fails: an engine's answer is held to
+    ASCII digits like anything a client sends."""
+    from cloud_gateway.remote.backend import _version
+
+    assert [_version(t) for t in ("3", "²", "٣", "0", "", "12345678901")] == [3, None, None, None, None, None]

@@ -50,6 +50,7 @@ from edge_core.errors import (
     EngineUnavailable,
     RequestError,
 )
+from edge_core.fields import is_decimal
 from edge_core.names import is_model_name
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest, InferResponse
@@ -89,7 +90,9 @@ def read_token(path: Path | None) -> str | None:
 
 
 def _version(text: str) -> int | None:
-    return int(text) if text.isdigit() and 1 <= len(text) <= 9 and int(text) >= 1 else None
+    """An engine's version string as a version (ASCII digits: ``str.isdigit`` also takes
+    "²", which ``int()`` then refuses), else ``None``."""
+    return int(text) if is_decimal(text) and 1 <= len(text) <= 9 and int(text) >= 1 else None
 
 
 def _specs(items: Any, where: str) -> tuple[TensorSpec, ...]:
