@@ -70,3 +70,26 @@ def test_importing_the_command_line_loads_no_runtime() -> None:
 def test_the_gateway_loads_no_device_code() -> None:
     loaded = loaded_after("import cloud_gateway.server, cloud_gateway.cli")
     assert not [m for m in loaded if m == "edge_agent" or m.startswith("edge_agent.")], loaded
+
+
+def test_the_gateways_public_api_is_exactly_all_and_loaded_when_used() -> None:
+    import cloud_gateway
+
+    assert sorted(dir(cloud_gateway)) == sorted(cloud_gateway.__all__)
+    assert cloud_gateway.GatewayConfig.__module__ == "cloud_gateway.config"
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        _ = cloud_gateway.Nothing  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["cloud_gateway", "cloud_gateway.batching", "cloud_gateway.config",
+     "cloud_gateway.fleet.health", "cloud_gateway.fleet.charts", "cloud_gateway.fleet.telemetry",
+     "cloud_gateway.metrics"],
+)  # fmt: skip
+def test_the_gateways_pure_modules_load_no_server(module: str) -> None:
+    """The batching arithmetic, the configuration and the fleet's pure rules import
+    without gRPC, FastAPI, uvicorn or SQLAlchemy (the package used to import its
+    server eagerly)."""
+    loaded = set(loaded_after(f"import {module}"))
+    assert not {"grpc", "fastapi", "starlette", "uvicorn", "sqlalchemy", "tritonclient"} & loaded
