@@ -465,4 +465,11 @@ def test_an_engine_version_in_unicode_digits_is_no_version() -> None:
     ASCII digits like anything a client sends."""
     from cloud_gateway.remote.backend import _version
 
-    assert [_version(t) for t in ("3", "²", "٣", "0", "", "12345678901")] == [3, None, None, None, None, None]
+    assert [_version(t) for t in ("3", "²", "٣", "0", "", "12345678901")] == [
+        3,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
