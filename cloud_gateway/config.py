@@ -114,7 +114,7 @@ from typing import Any
 
 from cloud_gateway import cpus
 from edge_core.errors import ConfigError
-from edge_core.fields import Fields, load_document, resolver
+from edge_core.fields import Fields, Read, load_document, resolver
 from edge_core.mqtt import MqttSettings, read_mqtt
 from edge_core.names import MODEL_NAME_RULE, is_model_name
 from edge_core.package import FORMATS, PRECISIONS
@@ -415,9 +415,12 @@ def _dashboard(fields: Fields) -> DashboardSettings:
     return config
 
 
-def load_config(path: Path | None, overrides: Overrides | None = None) -> GatewayConfig:
+def load_config(
+    path: Path | None, overrides: Overrides | None = None, *, reads: list[Read] | None = None
+) -> GatewayConfig:
     """The configuration in ``path`` (or the defaults when ``None``), with the
-    command line's ``overrides`` over it.
+    command line's ``overrides`` over it; each field the loader asks for is noted in
+    ``reads`` when given (the reference page's source).
 
     Raises:
         ConfigError: the file is missing or malformed, a field is wrong, or
@@ -428,7 +431,7 @@ def load_config(path: Path | None, overrides: Overrides | None = None) -> Gatewa
         if overrides.repository is None:
             raise ConfigError("no model repository given (--repository DIR or a config file)")
         return GatewayConfig(repository=overrides.repository).overridden(overrides)
-    fields = Fields(load_document(path), path=path)
+    fields = Fields(load_document(path), path=path, reads=reads)
     resolve = resolver(path)
 
     default = GatewayConfig(repository=Path("."))

@@ -128,7 +128,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edge_core.fields import Fields, load_document, resolver
+from edge_core.fields import Fields, Read, load_document, resolver
 from edge_core.images import MAX_IMAGE_PIXELS, MAX_VIDEO_FRAMES
 from edge_core.mqtt import MqttSettings, read_mqtt
 from edge_core.paths import default_model_dir
@@ -334,8 +334,9 @@ def _read_secret(path: Path, fields: Fields, name: str) -> str:
     return secret
 
 
-def load_agent_config(path: Path | None) -> AgentConfig:
-    """The configuration in ``path`` (the defaults when ``None``).
+def load_agent_config(path: Path | None, *, reads: list[Read] | None = None) -> AgentConfig:
+    """The configuration in ``path`` (the defaults when ``None``); each field the
+    loader asks for is noted in ``reads`` when given (the reference page's source).
 
     Every relative path in the file is taken relative to the file's folder,
     once (whatever the current directory; a path the file does not give is
@@ -346,7 +347,7 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     """
     if path is None:
         return AgentConfig()
-    fields = Fields(load_document(path), path=path)
+    fields = Fields(load_document(path), path=path, reads=reads)
     resolve = resolver(path)
 
     defaults = AgentConfig()

@@ -9,6 +9,11 @@ expected and what came::
 
 Unknown keys are refused too (a misspelt key silently ignored is a setting
 silently lost).
+
+Given a ``reads`` list, a :class:`Fields` notes there every field it is asked
+for (a :class:`Read`: the table, the key, what was expected, the default), its
+sub-tables too: ``tools/config_reference.py`` runs each loader so and makes
+the configuration reference from what the loader itself accepts.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
-__all__ = ["Fields", "is_decimal", "load_document", "resolver"]
+__all__ = ["Fields", "Read", "is_decimal", "load_document", "resolver"]
 
 _DECIMAL = re.compile(r"[0-9]+")
 
@@ -80,6 +86,24 @@ def load_document(path: Path, error: type[ConfigError] = ConfigError) -> dict[st
     return data
 
 
+@dataclass(frozen=True)
+class Read:
+    """One field a loader asked a :class:`Fields` for.
+
+    ``table`` is the dotted table (``""``: the top level; a table of an array ends
+    in ``[N]``). ``expected`` is what a wrong value's error says was expected
+    (``"an integer >= 1"``), ``None`` for a key read unchecked or only tested with
+    :meth:`Fields.has`. ``default`` is the value taken when the key is absent,
+    unless ``required``.
+    """
+
+    table: str
+    key: str
+    expected: str | None
+    default: Any = None
+    required: bool = False
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -99,11 +123,13 @@ class Fields:
         path: Path | None = None,
         prefix: str = "",
         error: type[ConfigError] = ConfigError,
+        reads: list[Read] | None = None,
     ) -> None:
         self._data = data
         self._path = path
         self._prefix = prefix
         self._error = error
+        self._reads = reads
         self._seen: set[str] = set()  # the keys read
         self._asked: set[str] = set()  # and those only asked about (optional tables)
 
@@ -121,10 +147,18 @@ class Fields:
 
     def has(self, key: str) -> bool:
         self._asked.add(key)
+        self._note(key, None, None)
         return key in self._data
 
-    def _get(self, key: str, default: Any) -> Any:
+    def _note(self, key: str, expected: str | None, default: Any) -> None:
+        if self._reads is not None:
+            required = default is _MISSING
+            default = None if required else default
+            self._reads.append(Read(self._prefix, key, expected, default, required))
+
+    def _get(self, key: str, default: Any, expected: str | None = None) -> Any:
         self._seen.add(key)
+        self._note(key, expected, default)
         if key in self._data:
             return self._data[key]
         if default is _MISSING:
@@ -133,7 +167,7 @@ class Fields:
 
     def get(self, key: str, check: Callable[[Any], T], expected: str, default: Any = _MISSING) -> T:
         """Read ``key`` and convert it with ``check`` (which raises on a wrong value)."""
-        value = self._get(key, default)
+        value = self._get(key, default, expected)
         if value is default and default is not _MISSING:
             return value  # type: ignore[no-any-return]
         try:
@@ -242,24 +276,25 @@ class Fields:
 
     def table(self, key: str, default: Any = _MISSING) -> Fields:
         """The sub-table ``key`` (an empty one when absent and a default is given)."""
-        value = self._get(key, default)
+        value = self._get(key, default, "a table")
         if value is default and default is not _MISSING:
             value = {}
         if not isinstance(value, Mapping):
             raise self.fail(key, f"expected a table, got {_describe(value)}")
-        return Fields(value, path=self._path, prefix=self.field_name(key), error=self._error)
+        return self._child(value, self.field_name(key))
+
+    def _child(self, data: Mapping[str, Any], prefix: str) -> Fields:
+        return Fields(data, path=self._path, prefix=prefix, error=self._error, reads=self._reads)
 
     def tables(self, key: str, default: Any = _MISSING) -> Iterator[Fields]:
         """The array of tables ``key`` (``[[key]]`` in TOML)."""
-        value = self._get(key, default)
+        value = self._get(key, default, "a list of tables")
         if value is default and default is not _MISSING:
             value = []
         if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
             raise self.fail(key, f"expected a list of tables, got {_describe(value)}")
         for index, item in enumerate(value):
-            yield Fields(
-                item, path=self._path, prefix=f"{self.field_name(key)}[{index}]", error=self._error
-            )
+            yield self._child(item, f"{self.field_name(key)}[{index}]")
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
         """The value of ``key`` as parsed, unchecked."""

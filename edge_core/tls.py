@@ -35,10 +35,15 @@ def read_tls(fields: Fields, resolve: Callable[[str], Path]) -> TLSSettings | No
     if not fields.has("tls"):
         return None
     t = fields.table("tls")
+
+    def path(key: str) -> Path | None:
+        value = t.string(key, None)
+        return resolve(value) if value is not None else None
+
     tls = TLSSettings(
-        ca=resolve(t.string("ca")) if t.has("ca") else None,
-        cert=resolve(t.string("cert")) if t.has("cert") else None,
-        key=resolve(t.string("key")) if t.has("key") else None,
+        ca=path("ca"),
+        cert=path("cert"),
+        key=path("key"),
         server_name=t.string("server_name", None),
     )
     if (tls.cert is None) != (tls.key is None):

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_core.errors import ConfigError
-from edge_core.fields import Fields, load_document
+from edge_core.fields import Fields, Read, load_document
 
 __all__ = [
     "LABELS",
@@ -129,14 +129,19 @@ class PolicyRules:
 
 
 def parse_policy(
-    data: dict[str, Any], path: Path | None = None, *, device: Any = None
+    data: dict[str, Any],
+    path: Path | None = None,
+    *,
+    device: Any = None,
+    reads: list[Read] | None = None,
 ) -> PolicyRules:
-    """Rules from a parsed document.
+    """Rules from a parsed document; each field asked for is noted in ``reads``
+    when given (the reference page's source).
 
     Raises:
         PolicyError: a field is missing or wrong.
     """
-    fields = Fields(data, path=path, error=PolicyError)
+    fields = Fields(data, path=path, error=PolicyError, reads=reads)
     defaults = PolicyRules()
     sens = fields.table("sensitivity", None)
     leave = {
@@ -210,12 +215,13 @@ def parse_policy(
     )
 
 
-def load_policy(path: Path, *, device: Any = None) -> PolicyRules:
+def load_policy(path: Path, *, device: Any = None, reads: list[Read] | None = None) -> PolicyRules:
     """Load and validate a policy file. ``device``: the device profile's offload
     preferences (:class:`~edge_agent.profiles.schema.OffloadPreferences`), the
-    defaults of ``prefer`` and ``offload_when_throttled`` where the file is silent.
+    defaults of ``prefer`` and ``offload_when_throttled`` where the file is silent;
+    ``reads``: as :func:`parse_policy`.
 
     Raises:
         PolicyError: the file is missing or malformed, or a field is wrong.
     """
-    return parse_policy(load_document(path, PolicyError), path, device=device)
+    return parse_policy(load_document(path, PolicyError), path, device=device, reads=reads)
