@@ -1,103 +1,11 @@
 """The gateway's one configuration object, loaded and validated in one place.
 
-A TOML file (every field optional; command-line flags override it)::
-
-    host = "127.0.0.1"
-    http_port = 8000
-    grpc_port = 8001
-    repository = "models"            # relative paths are relative to this file
-    state_dir = "gateway-state"      # group keys, enrollment bundles, the embedded database
-    state = "postgresql://gw:secret@db/gateway"   # the state database that replicas share:
-                                     # devices (hashed tokens), groups, revocations, rollouts,
-                                     # reports; default: sqlite:///<state_dir>/gateway.sqlite
-    ota_repository = "ota"           # the signed update repository served to devices
-    poll_interval_s = 2.0            # how often the repository is checked for changes
-    max_body_bytes = 67108864        # larger requests: 413 / RESOURCE_EXHAUSTED
-    workers = 2                      # inference threads
-    threads = 2                      # ONNX Runtime intra-op threads per inference (default: cores)
-    inference_cpus = [2, 3]          # run inference on these cores only, the front ends on the
-                                     # others (Linux; default: every thread on every core)
-    spinning = false                 # let ONNX Runtime's idle threads spin
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    precisions = ["fp32", "int8", "fp16"]
-
-    [tls]                            # both front ends; off when absent
-    cert = "server.pem"
-    key = "server.key"
-    client_ca = "ca.pem"             # gRPC: verify client certificates against this CA
-    require_client_cert = false
-
-    [rate_limit]                     # per device; 0 = unlimited
-    requests_per_second = 0
-    burst = 0
-
-    [batching]                       # defaults for every model with a dynamic batch dimension
-    enabled = true
-    max_batch_size = 32
-    max_queue_delay_us = 0           # added wait for a fuller batch (0: none)
-    preferred_batch_sizes = []
-    busy_delay_us = 0                # a wait only while congested: the last batch held
-                                     # several requests and this one came while a batch
-                                     # ran; it ends at twice the last batch's rows (up
-                                     # to 16), or all the model held lately if fewer
-
-    [models.digits-heavy.batching]   # per model
-    max_batch_size = 64
-
-    [metrics]
-    public = false                   # true: /metrics without a token, less the series
-                                     # naming a device or a group (metrics, admin tokens)
-
-    [connections]                    # limits and timeouts of client connections
-    max_connections = 1000           # per front end; lowered to a third of what the
-                                     # descriptor limit leaves (RLIMIT_NOFILE - 64). REST:
-                                     # one more closes the longest-waiting idle connection,
-                                     # or is answered 503 when all are busy; gRPC: refused
-    header_timeout_s = 10.0          # REST: a request's headers, from its first byte (408);
-                                     # gRPC: the TLS and HTTP/2 handshake
-    max_header_bytes = 65536         # REST: request line and headers (431)
-    body_timeout_s = 60.0            # REST: a request's body, from the end of its headers (408)
-    keep_alive_timeout_s = 5.0       # REST: a connection waiting for a request (fresh, or
-                                     # answered) is closed after this
-    grpc_idle_timeout_s = 300.0      # gRPC: a connection with no call for this long: GOAWAY
-    grpc_max_connection_age_s = 1800.0   # gRPC: a connection this old: GOAWAY (the client
-    grpc_max_connection_age_grace_s = 30.0  # reconnects), its calls get this long to end
-    grpc_max_concurrent_streams = 1000   # gRPC: calls one connection holds at once (open,
-                                     # or answered and not yet released); past it: refused
-
-    [mqtt]                           # the MQTT bridge (offload, announcements); off when absent
-    host = "127.0.0.1"
-    port = 1883
-    username = "_gateway"            # `cloud-gateway mqtt acl` writes it into the broker's files
-    password_file = "gateway-state/mqtt-gateway.password"   # default: in state_dir (0600)
-    keepalive = 30
-    announce_interval_s = 2.0        # how often rollouts are checked for changes to announce
-    [mqtt.tls]
-    ca = "ca.pem"                    # and cert/key for a client certificate
-
-    [dashboard]                      # the fleet dashboard under /ui and its API under /api
-    enabled = true
-    history_hours = 24.0             # each device's history, one point a minute, kept this long
-    session_idle_s = 1800.0          # a sign-in unused this long ends
-    session_max_s = 43200.0          # and any sign-in after this long
-    max_sessions = 100               # sign-ins at once (the oldest ends first; 10 per admin)
-    refresh_s = 2.0                  # how often an open page asks for what changed
-
-    [[backends]]                     # an Open Inference Protocol engine (Triton, KServe,
-                                     # MLServer, another cloud-gateway) that runs models for
-                                     # the gateway; none: every model runs in this process
-    url = "grpc://engine:8001"       # grpc://, grpcs:// (TLS), http://, https://
-    name = "engine"                  # in logs, metrics and readiness (default: the URL)
-    models = "all"                   # "all": what the engine's repository index lists as
-                                     # READY; or a list of model names
-    timeout_s = 30.0                 # a request without a deadline of its own
-    connect_timeout_s = 2.0          # a connection to the engine
-    max_in_flight = 64               # requests out to the engine at once; more wait
-                                     # within their deadline, then 503
-    health_interval_s = 1.0          # how often the engine's readiness is checked
-    token_file = "engine.token"      # sent as Authorization: Bearer (mode 0600)
-    [backends.tls]                   # as [mqtt.tls] (grpcs:// or https://)
-    ca = "ca.pem"
+A TOML file (every field optional but ``repository``; command-line flags override
+it), relative paths relative to the file's folder. Each table is a settings class
+below, whose ``Attributes:`` name the table's fields as the file spells them;
+``tools/config_reference.py`` makes the operators' reference
+(docs/reference/gateway.md) from them and from what the loader reads, so a field
+documented nowhere fails ``make docs``.
 
 A wrong field fails at start with the file, the field and what was expected.
 docs/limits.md lists every limit and timeout with what happens
@@ -140,6 +48,20 @@ GATEWAY_MQTT_USER = "_gateway"  # a device id cannot start with "_": no device c
 
 @dataclass(frozen=True)
 class BatchingSettings:
+    """Dynamic batching, for every model with a dynamic batch dimension.
+
+    Attributes:
+        enabled: batch requests together.
+        max_batch_size: rows of one batch at most.
+        max_queue_delay_us: an added wait for a fuller batch (0: none; what arrived
+            during the last run goes together).
+        preferred_batch_sizes: batch sizes to cut at, from 1 to ``max_batch_size``.
+        busy_delay_us: a wait only while the model is congested (the last batch
+            held several requests and this one came while a batch ran); it ends at
+            twice the last batch's rows (up to 16), or all the model held lately if
+            fewer: a lone client never waits.
+    """
+
     enabled: bool = True
     max_batch_size: int = 32
     max_queue_delay_us: int = 0  # 0: no added wait; what arrived during the last run goes together
@@ -151,6 +73,13 @@ class BatchingSettings:
 
 @dataclass(frozen=True)
 class RateLimitSettings:
+    """A rate limit per device (a token bucket), over every front end.
+
+    Attributes:
+        requests_per_second: the sustained rate (0: unlimited).
+        burst: requests allowed at once above the rate.
+    """
+
     requests_per_second: float = 0.0
     burst: int = 0
 
@@ -161,21 +90,28 @@ class RateLimitSettings:
 
 @dataclass(frozen=True)
 class ConnectionSettings:
-    """Limits and timeouts of client connections (``[connections]``; what happens when
-    one is hit: docs/limits.md).
+    """Limits and timeouts of client connections (what happens when one is hit:
+    docs/limits.md).
 
-    ``max_connections``: per front end, lowered to a third of what the descriptor
-    limit leaves (``(RLIMIT_NOFILE - 64) // 3``). ``header_timeout_s``: REST, from a
-    request's first byte to the end of its headers; gRPC, the TLS and HTTP/2
-    handshake. ``max_header_bytes``: REST, the request line and headers.
-    ``body_timeout_s``: REST, from the end of the headers to the end of the body.
-    ``keep_alive_timeout_s``: REST, a connection waiting for a request, fresh or
-    answered. ``grpc_idle_timeout_s``: gRPC, a connection without a call.
-    ``grpc_max_connection_age_s``, ``grpc_max_connection_age_grace_s``: gRPC, a
-    connection's life, and how long its calls may still run after it.
-    ``grpc_max_concurrent_streams``: gRPC, calls one connection holds at once,
-    counted until the gateway has released them (not until their answer left), so
-    it is set well above the calls one client process keeps open.
+    Attributes:
+        max_connections: per front end, lowered to a third of what the descriptor
+            limit leaves (``(RLIMIT_NOFILE - 64) // 3``). REST: one more closes the
+            longest-waiting idle connection, or is answered 503 when all are busy;
+            gRPC: refused.
+        header_timeout_s: REST: from a request's first byte to the end of its
+            headers (408); gRPC: the TLS and HTTP/2 handshake.
+        max_header_bytes: REST: the request line and headers (431).
+        body_timeout_s: REST: from the end of the headers to the end of the body (408).
+        keep_alive_timeout_s: REST: a connection waiting for a request, fresh or
+            answered, is closed after this.
+        grpc_idle_timeout_s: gRPC: a connection without a call this long gets GOAWAY.
+        grpc_max_connection_age_s: gRPC: a connection this old gets GOAWAY (the
+            client reconnects).
+        grpc_max_connection_age_grace_s: gRPC: how long its calls may still run then.
+        grpc_max_concurrent_streams: gRPC: calls one connection holds at once,
+            counted until the gateway has released them (not until their answer
+            left), so it is set well above the calls one client process keeps open;
+            past it, refused.
     """
 
     max_connections: int = 1000
@@ -191,12 +127,18 @@ class ConnectionSettings:
 
 @dataclass(frozen=True)
 class DashboardSettings:
-    """The fleet dashboard (``[dashboard]``): pages under ``/ui``, its JSON API under
-    ``/api``, for admin tokens. ``history_hours``: how long each device's history (a
-    point a minute) is kept. ``session_idle_s``, ``session_max_s``: a sign-in ends when
-    unused this long, and after this long whatever. ``max_sessions``: sign-ins at once
-    (past it the least recently used ends; an admin keeps at most 10).
-    ``refresh_s``: how often an open page asks for what changed."""
+    """The fleet dashboard: pages under ``/ui``, its JSON API under ``/api``, for
+    admin tokens.
+
+    Attributes:
+        enabled: serve it.
+        history_hours: how long each device's history (a point a minute) is kept.
+        session_idle_s: a sign-in unused this long ends.
+        session_max_s: and any sign-in after this long.
+        max_sessions: sign-ins at once (past it the least recently used ends; an
+            admin keeps at most 10).
+        refresh_s: how often an open page asks for what changed.
+    """
 
     enabled: bool = True
     history_hours: float = 24.0
@@ -208,6 +150,15 @@ class DashboardSettings:
 
 @dataclass(frozen=True)
 class ServerTLSSettings:
+    """TLS on both front ends; without this table, none.
+
+    Attributes:
+        cert: the server's certificate (PEM).
+        key: its private key (PEM).
+        client_ca: gRPC: verify client certificates against this CA.
+        require_client_cert: gRPC: refuse a client without one (needs ``client_ca``).
+    """
+
     cert: Path
     key: Path
     client_ca: Path | None = None
@@ -216,8 +167,17 @@ class ServerTLSSettings:
 
 @dataclass(frozen=True)
 class MqttBridgeSettings(MqttSettings):
-    """The broker as the agent's ``[mqtt]`` has it, with the gateway's own defaults
-    (``password_file``: ``<state_dir>/mqtt-gateway.password``) and its announcements."""
+    """The MQTT bridge (offload over MQTT, announcements) and its broker, as the
+    agent's ``[mqtt]`` has it, with the gateway's own defaults; without this table,
+    none.
+
+    Attributes:
+        username: the gateway's user name (``cloud-gateway mqtt acl`` writes it into
+            the broker's files).
+        password_file (default: ``mqtt-gateway.password`` in ``state_dir``): a file
+            holding its password (mode 0600; made by ``cloud-gateway mqtt acl``).
+        announce_interval_s: how often rollouts are checked for changes to announce.
+    """
 
     username: str | None = GATEWAY_MQTT_USER
     announce_interval_s: float = 2.0
@@ -225,9 +185,25 @@ class MqttBridgeSettings(MqttSettings):
 
 @dataclass(frozen=True)
 class BackendSettings:
-    """A remote Open Inference Protocol engine (``[[backends]]``): its models are
-    forwarded to it, never batched or run here. ``models``: ``None`` for every model
-    the engine's repository index lists as ready."""
+    """A remote Open Inference Protocol engine (Triton, KServe, MLServer, another
+    cloud-gateway) that runs models for the gateway: they are forwarded to it, never
+    batched or run here. None: every model runs in this process.
+
+    Attributes:
+        url: ``grpc://``, ``grpcs://`` (TLS), ``http://`` or ``https://`` and
+            ``HOST:PORT``.
+        name (default: the ``url``): in logs, metrics and readiness.
+        models ("all" or a list of model names): the models it runs; ``"all"``:
+            what its repository index lists as ready.
+        timeout_s: a request without a deadline of its own.
+        connect_timeout_s: a connection to the engine.
+        max_in_flight: requests out to the engine at once; more wait within their
+            deadline, then 503.
+        health_interval_s: how often its readiness is checked.
+        token_file: a token sent as ``Authorization: Bearer`` (mode 0600).
+        forward_parameters: the devices' request parameters sent on to the engine
+            (none by default: the engine trusts the gateway, not every device).
+    """
 
     url: str
     protocol: str  # grpc | http, from the URL's scheme
@@ -309,6 +285,38 @@ class Overrides:
 
 @dataclass(frozen=True)
 class GatewayConfig:
+    """The gateway's file (``cloud-gateway --config gateway.toml serve``).
+
+    Attributes:
+        repository: the model repository (required here or as ``--repository``).
+        state_dir: group keys, enrollment bundles, the embedded database.
+        state (default: ``sqlite:///<state_dir>/gateway.sqlite``): the state
+            database that replicas share (``sqlite:///FILE`` or
+            ``postgresql://...``): devices (hashed tokens), groups, revocations,
+            rollouts, reports.
+        host: the address both front ends listen on.
+        http_port: REST.
+        grpc_port: gRPC.
+        ota_repository: the signed update repository served to devices.
+        poll_interval_s: how often the repository is checked for changes.
+        max_body_bytes: larger requests: 413 / RESOURCE_EXHAUSTED.
+        workers: inference threads.
+        threads (default: the cores, or one per ``inference_cpus`` core): ONNX
+            Runtime intra-op threads per inference.
+        inference_cpus (a list of integers; default: every thread on every core):
+            run inference on these cores only, the front ends on the others (Linux).
+        spinning: let ONNX Runtime's idle threads spin.
+        providers: ONNX Runtime execution providers, in order of preference.
+        precisions: which variant of a model it loads: the precisions it prefers,
+            in order.
+        formats: and the formats, in order.
+        metrics: the Prometheus metrics at ``/metrics``.
+        metrics.public: ``/metrics`` without a token, less the series naming a
+            device or a group (those need an admin or metrics token).
+        models.MODEL.batching: a model's own ``[batching]`` (``MODEL``: its name),
+            each field defaulting to ``[batching]``'s.
+    """
+
     repository: Path
     state_dir: Path = Path("gateway-state")
     host: str = "127.0.0.1"

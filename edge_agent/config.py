@@ -1,122 +1,14 @@
 """The agent's one configuration object, loaded and validated in one place.
 
-(Over 400 lines: this docstring is the reference of every field, and the readers
-of the tables stay beside the settings they fill.)
-
 A TOML file; every field is optional (without a file: the detected profile,
-the sample models, local only)::
+the bundled models, local only), and relative paths are relative to the
+file's folder. Each table is a settings class below, whose ``Attributes:``
+name the table's fields as the file spells them; ``tools/config_reference.py``
+makes the operators' reference (docs/reference/agent.md) from them and from
+what the loader reads, so a field documented nowhere fails ``make docs``.
 
-    device_id = "cam-01"
-    profile = "raspberry-pi-5"      # default: detected
-    profiles_dir = "profiles"       # device profiles (default: the bundled ones)
-    root = "/"                      # filesystem root for detection and temperatures
-    model_dir = "models"            # relative paths are relative to this file's folder
-    policy = "policy.toml"          # default: the built-in policy
-    deadline_ms = 1000              # a request's deadline unless it brings its own
-    cache_entries = 256             # answers kept for the cached fallback tier
-
-    state_dir = "/var/lib/edge-agent"   # the telemetry queue, OTA slots
-
-    [gateway]                       # offload; absent: local only
-    address = "127.0.0.1:8001"      # (not for mqtt: requests go through the broker); or a
-                                    # list of replicas, ["gw-a:8001", "gw-b:8001"]: round
-                                    # robin, and a request that cannot reach one goes to the
-                                    # next within its deadline
-    protocol = "grpc"               # grpc | http | mqtt
-    token_file = "device.token"     # or token = "..." (the file is better: mode 0600)
-    retries = 2
-    [gateway.tls]
-    ca = "ca.pem"
-    cert = "device.pem"
-    key = "device.key"
-
-    [breaker]
-    failures = 3
-    cooldown_s = 5.0
-
-    [privacy]
-    face_detector = true            # search pictures for faces (needs the detector's package)
-    detector = "centerface"         # centerface | blazeface | blazeface+centerface
-                                    # (default: the profile's [privacy] detector, else centerface)
-    threshold = 0.5                 # the lowest score kept (default: the detector's measured one)
-    scale = 1.0                     # CenterFace's input scale (default: the profile's, else 1)
-    check_threshold = 0.2           # the stronger eye that redacted pictures must pass
-
-    [ota]                           # over-the-air updates; absent: none
-    bundle = "enrollment.json"      # from `cloud-gateway device add` (mode 0600)
-    url = "http://127.0.0.1:8000"   # the gateway's REST address (default: the bundle's)
-    state_dir = "/var/lib/edge-agent"   # slots, partial downloads, trusted metadata
-                                        # (default: the top-level state_dir)
-    interval_s = 3600               # periodic check, plus up to jitter_s at random
-    jitter_s = 300
-    expiry_slack_s = 0              # accept metadata expired this long ago (no real-time clock)
-    bandwidth = 0                   # bytes/s for downloads (0: no cap)
-    attempts = 4                    # download attempts per check (each resumes the last)
-    timeout_s = 30                  # per read of a download
-    min_rate = 4096                 # bytes/s every download (metadata too) must average over
-                                    # each rate_window_s, and its deadline: rate_window_s +
-                                    # its signed (or maximum) length / min_rate; slower, it is
-                                    # abandoned, its partial kept for the next check (0: none)
-    rate_window_s = 60
-    max_model_bytes = 2147483648    # a larger signed blob or plaintext is refused unfetched
-    min_free_bytes = 67108864       # free space a download must leave on its filesystem
-
-    [mqtt]                          # the fleet's broker: telemetry, announcements, offload
-    host = "broker.example"
-    port = 8883
-    username = "cam-01"             # default: the device id
-    password_file = "device.token"  # default: the device's token (gateway or bundle)
-    keepalive = 30
-    [mqtt.tls]                      # as [gateway.tls]
-    ca = "ca.pem"
-
-    [telemetry]                     # needs [mqtt]; on by default when [mqtt] is there
-    enabled = true
-    interval_s = 30                 # status, decisions and latency every interval
-    max_messages = 10000            # the on-disk queue's bound (oldest unsent dropped, counted)
-
-    [api]                           # the local inference API of `edge-agent run`
-    host = "127.0.0.1"              # loopback only unless allow_remote (it has no auth)
-    http_port = 8080                # 0: no HTTP
-    grpc_port = 8081                # 0: no gRPC
-    socket = "/run/edge-agent/api.sock"  # HTTP on a Unix socket instead of host:http_port
-    allow_remote = false
-    drain_s = 10                    # on SIGTERM, how long requests in flight may take
-    max_body_bytes = 16777216       # larger: 413 (gRPC: RESOURCE_EXHAUSTED)
-    max_connections = 64            # HTTP connections at once (one more: 503, closed)
-    idle_timeout_s = 5              # an idle keep-alive connection is closed after this
-    request_timeout_s = 30          # a request's headers and body must be in by then (408)
-    grpc_workers = 4                # gRPC calls running at once
-    max_grpc_calls = 64             # gRPC calls running or waiting (more: RESOURCE_EXHAUSTED)
-
-    [limits]                        # what one input may hold, wherever it enters (the local
-                                    # API, infer, redact, streams); checked before it is
-                                    # decoded or run, refused with a 400 naming the limit
-    max_image_pixels = 40000000     # a picture's (each video frame's) width x height, read
-                                    # from its header first
-    max_video_frames = 216000       # frames of one video given to redact (2 h at 30 a second)
-    max_request_rows = 32           # rows (the batch dimension) of one request
-
-    [thermal]                       # the thermal and power control loop
-    enabled = true
-    interval_s = 5
-    hysteresis_c = 5                # step back up only this far below the throttle point
-
-    [logging]
-    format = "json"                 # json (one object a line, with request ids) | text
-    level = "info"
-
-    [[streams]]                     # camera and video streams through the agent (any number)
-    name = "door"                   # letters, digits, '.', '_', '-' (its metrics and topics)
-    source = "/dev/video0"          # a video file, /dev/videoN, rtsp://... or http://...
-    model = "face-detection-short-range"   # a model with image preprocessing
-    label = "personal"              # the frames' sensitivity (public | personal | sensitive)
-    rate = 5                        # frames a second taken (0: every frame the source gives)
-    key_frames = 0                  # skip a frame that differs from the last inferred by less
-                                    # than this (mean absolute difference, 0..255; 0: none)
-    sink = "mqtt"                   # mqtt | sse | stdout | jsonl:PATH (one result a line)
-    deadline_ms = 0                 # each frame's (0: the agent's deadline_ms)
-    realtime = true                 # a file is read at its own frame rate, as a camera gives it
+(Over 400 lines: the settings document every field of the file, and the
+readers of the tables stay beside the settings they fill.)
 """
 
 from __future__ import annotations
@@ -157,6 +49,22 @@ STATE_DIR = Path("/var/lib/edge-agent")
 
 @dataclass(frozen=True)
 class GatewaySettings:
+    """Offload to the cloud gateway; without this table the agent answers locally.
+
+    Attributes:
+        address (a string or a list of strings): the gateway's ``HOST:PORT``, or a
+            list of replicas (``["gw-a:8001", "gw-b:8001"]``): round robin, and a
+            request that cannot reach one goes to the next within its deadline.
+            Required, but for ``mqtt`` (requests go through the broker).
+        protocol: how requests travel to the gateway.
+        token: the device's token, written here (``token_file`` is better).
+        token_file (default: the ``[ota]`` bundle's token): a file holding the
+            device's token, readable by its owner alone (mode 0600); not with
+            ``token``.
+        retries: tries again, after a jittered doubling pause within the deadline,
+            when the gateway was unavailable (a timeout or a refusal is not retried).
+    """
+
     address: str  # the first of ``addresses``; empty for mqtt
     protocol: str = "grpc"
     token: str | None = None
@@ -171,18 +79,22 @@ class GatewaySettings:
 
 @dataclass(frozen=True)
 class OtaSettings:
-    """How the updater reaches the gateway and paces itself.
+    """Over-the-air model updates: how the updater reaches the gateway and paces
+    itself; without this table, none.
 
     Attributes:
-        bundle: the enrollment bundle (``cloud-gateway device add``).
-        state_dir: where slots, partial downloads and trusted metadata live.
-        url: the gateway's REST base URL (``None``: the bundle's).
-        interval_s, jitter_s: the periodic check (a random 0..jitter is added).
+        bundle: the enrollment bundle (``cloud-gateway device add``; mode 0600):
+            its token, group key, trusted root and gateway URL.
+        state_dir (default: the top-level ``state_dir``): where slots, partial
+            downloads and trusted metadata live.
+        url (default: the bundle's): the gateway's REST base URL.
+        interval_s: the periodic check, plus up to ``jitter_s`` at random.
+        jitter_s: the random part of the check's period.
         expiry_slack_s: accept metadata this long past its expiry (devices
             without a real-time clock boot into the past or the future).
         bandwidth: bytes per second for blob downloads (0: no cap).
-        attempts: download attempts (each resumes where the last stopped).
-        timeout_s: per read.
+        attempts: download attempts per check (each resumes where the last stopped).
+        timeout_s: per read of a download.
         min_rate: bytes per second that every download (blobs, key files and
             metadata) must average over each ``rate_window_s``; its deadline is
             ``rate_window_s`` plus its signed length (for metadata, python-tuf's
@@ -215,12 +127,42 @@ class OtaSettings:
 
 @dataclass(frozen=True)
 class TelemetrySettings:
+    """Status, decisions and latency sent to the fleet's broker, queued on disk
+    while it is away.
+
+    Attributes:
+        enabled (default: true when there is an ``[mqtt]`` table): send it (it
+            needs ``[mqtt]``).
+        interval_s: how often.
+        max_messages: the on-disk queue's bound (the oldest unsent are dropped,
+            and counted).
+    """
+
     interval_s: float = 30.0
     max_messages: int = 10_000
 
 
 @dataclass(frozen=True)
 class ApiSettings:
+    """The local inference API of ``edge-agent run`` (the Open Inference Protocol
+    over HTTP and gRPC).
+
+    Attributes:
+        host: where it listens: loopback only unless ``allow_remote`` (the API has
+            no authentication).
+        http_port: 0: no HTTP.
+        grpc_port: 0: no gRPC.
+        socket: HTTP on this Unix socket instead of ``host:http_port``.
+        allow_remote: serve on an address other than loopback.
+        drain_s: on SIGTERM, how long requests in flight may take.
+        max_body_bytes: a larger request is answered 413 (gRPC: RESOURCE_EXHAUSTED).
+        max_connections: HTTP connections at once (one more: 503, closed).
+        idle_timeout_s: an idle keep-alive connection is closed after this.
+        request_timeout_s: a request's headers and body must be in by then (408).
+        grpc_workers: gRPC calls running at once.
+        max_grpc_calls: gRPC calls running or waiting (more: RESOURCE_EXHAUSTED).
+    """
+
     host: str = "127.0.0.1"
     http_port: int = 8080
     grpc_port: int = 8081
@@ -238,7 +180,17 @@ class ApiSettings:
 @dataclass(frozen=True)
 class LimitSettings:
     """What one input may hold, wherever it enters: a decoder allocates what a file's
-    header says and a model what its rows need, so both are held to a limit first."""
+    header says and a model what its rows need, so both are held to a limit first.
+
+    Checked before an input is decoded or run (the local API, ``infer``, ``redact``,
+    streams), and refused with a 400 naming the limit.
+
+    Attributes:
+        max_image_pixels: a picture's (each video frame's) width x height, read from
+            its header first.
+        max_video_frames: frames of one video given to ``redact``.
+        max_request_rows: rows (the batch dimension) of one request.
+    """
 
     max_image_pixels: int = MAX_IMAGE_PIXELS
     max_video_frames: int = MAX_VIDEO_FRAMES
@@ -247,6 +199,15 @@ class LimitSettings:
 
 @dataclass(frozen=True)
 class ThermalSettings:
+    """The thermal and power control loop: the profile's power modes, stepped down
+    as the device heats up.
+
+    Attributes:
+        enabled: run the loop.
+        interval_s: how often temperatures are read.
+        hysteresis_c: step back up only this far below the throttle point.
+    """
+
     enabled: bool = True
     interval_s: float = 5.0
     hysteresis_c: float = 5.0
@@ -254,14 +215,32 @@ class ThermalSettings:
 
 @dataclass(frozen=True)
 class LoggingSettings:
+    """The agent's log, on standard error (the journal under systemd).
+
+    Attributes:
+        format: ``json``: one object a line, with request ids; ``text``: for people.
+        level: the least severe level written.
+    """
+
     format: str = "json"
     level: str = "info"
 
 
 @dataclass(frozen=True)
 class PrivacySettings:
-    """The face detector (``None``: the device profile's choice, else the measured
-    default of :mod:`edge_agent.privacy.faces`)."""
+    """The face detector that looks for faces in pictures before they leave (unset
+    fields: the device profile's choice, else the measured default of
+    :mod:`edge_agent.privacy.faces`).
+
+    Attributes:
+        face_detector: search pictures for faces (needs the detector's package).
+        detector (default: the profile's ``[privacy]`` detector, else
+            ``centerface``): which detector.
+        threshold (default: the detector's measured one): the lowest score kept.
+        scale (default: the profile's, else 1): CenterFace's input scale.
+        check_threshold (default: the detector's measured one): the stronger eye a
+            redacted picture must pass before it leaves.
+    """
 
     face_detector: bool = True
     detector: str | None = None
@@ -272,7 +251,22 @@ class PrivacySettings:
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """One ``[[streams]]`` table: a camera or video through the agent."""
+    """One ``[[streams]]`` table: a camera or video through the agent (any number).
+
+    Attributes:
+        name: letters, digits, ``.``, ``_``, ``-`` (at most 64; its metrics and topics).
+        source: a video file (relative to this file), ``/dev/videoN``,
+            ``rtsp://...`` or ``http://...``.
+        model: a model with image preprocessing.
+        label (default: none, as a request without one): the frames' sensitivity.
+        rate: frames a second taken (0: every frame the source gives).
+        key_frames: skip a frame that differs from the last inferred by less than
+            this (mean absolute difference, 0 to 255; 0: none).
+        sink: ``mqtt``, ``sse``, ``stdout`` or ``jsonl:PATH`` (one result a line).
+        deadline_ms (default: the agent's ``deadline_ms``): each frame's deadline
+            (0: the default).
+        realtime: a file is read at its own frame rate, as a camera gives it.
+    """
 
     name: str
     source: str  # a path (resolved against the file's folder), a device or a URL
@@ -287,12 +281,41 @@ class StreamSettings:
 
 @dataclass(frozen=True)
 class BreakerSettings:
+    """The circuit breaker in front of the gateway: after ``failures`` in a row,
+    requests do not wait on a dead link for ``cooldown_s``, then one probe goes.
+
+    Attributes:
+        failures: consecutive failures (unavailable, timed out) that open it.
+        cooldown_s: how long it stays open before a probe.
+    """
+
     failures: int = 3
     cooldown_s: float = 5.0
 
 
 @dataclass(frozen=True)
 class AgentConfig:
+    """The agent's file (``edge-agent run --config agent.toml``).
+
+    Attributes:
+        device_id: the device's name on the broker and in its telemetry (with an
+            ``[ota]`` bundle: the bundle's, which another name may not contradict).
+        profile (default: detected from the hardware): the device profile.
+        profiles_dir (default: the bundled profiles): a folder of device profiles.
+        root: the filesystem root under which the profile is detected and
+            temperatures and power modes are read and written (a fake root
+            simulates a device).
+        model_dir (default: the models shipped with the agent): the model
+            repository the device serves from, a folder of ``<name>/<version>/``
+            packages (``edge-agent models install`` adds one); versions installed
+            over the air (``[ota]``) come first, and the shipped face detectors stay
+            beneath it.
+        policy (default: the built-in policy): the offload policy file.
+        deadline_ms: a request's deadline unless it brings its own.
+        cache_entries: answers kept for the cached fallback tier.
+        state_dir: where the agent writes: the telemetry queue, the OTA slots.
+    """
+
     device_id: str = "edge-device"
     profile: str | None = None
     profiles_dir: Path | None = None

@@ -37,7 +37,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MqttSettings:
-    """The broker and how to sign in to it."""
+    """The fleet's MQTT broker and how to sign in to it.
+
+    Attributes:
+        host: the broker's host name or address.
+        port: its port (8883 is the usual one for TLS).
+        username (default: the device id): the user name on the broker.
+        password_file (default: the device's token, from ``[gateway]`` or the
+            ``[ota]`` bundle): a file holding the password (mode 0600).
+        keepalive: seconds between pings while nothing else is sent.
+    """
 
     host: str = "127.0.0.1"
     port: int = 1883

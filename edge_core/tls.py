@@ -18,7 +18,17 @@ __all__ = ["TLSSettings", "client_context", "grpc_credentials", "read_tls"]
 
 @dataclass(frozen=True)
 class TLSSettings:
-    """TLS to a server: the CA to trust, and a client certificate when it asks for one."""
+    """TLS to a server: the CA to trust, and a client certificate when it asks for one.
+
+    Attributes:
+        ca (default: the system's CAs): the CA certificate (PEM) the server's
+            certificate must chain to.
+        cert: this client's certificate (PEM), for a server that asks for one; with
+            ``key``.
+        key: the private key of ``cert`` (PEM).
+        server_name (default: the host of the address): the name checked in the
+            server's certificate.
+    """
 
     ca: Path | None = None
     cert: Path | None = None

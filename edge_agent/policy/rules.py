@@ -1,44 +1,11 @@
 """The offload policy file: the rules an operator reads and changes.
 
 A TOML file, validated at load (a wrong field names the file, the field and
-what was expected)::
-
-    [sensitivity]
-    # per label, what may leave the device: "free" (as is), "redact" (only a
-    # redacted copy) or "local" (never)
-    public = "free"
-    personal = "redact"
-    sensitive = "local"
-    default = "public"          # the label of a request that has none
-    # the label a detector's finding gives a request (the stricter label wins)
-    faces = "personal"
-    pii = "sensitive"
-
-    [defaults]
-    placement = "either"        # device | cloud | either
-    prefer = "local"            # when both could answer in time: local | cloud
-                                # (default: the device profile's [offload] prefer)
-
-    [models.digits-light]
-    placement = "either"
-    escalate_to = "digits-heavy"   # the cloud model a low-confidence answer goes to
-    escalate_below = 0.9           # ... when the local top probability is below this
-
-    [models.ppocr-det]
-    placement = "cloud"
-
-    [device]
-    offload_when_throttled = true  # a throttled device sends what may leave
-                                   # (default: the device profile's [offload])
-    max_cpu_load = 0.9             # above this load too
-    local_when_critical = false    # above the critical temperature: no local work
-
-    [deadline]
-    margin_ms = 2.0                # an estimate must fit the deadline with this to spare
-
-    [redaction]                    # how a redacted copy hides each face (its whole head)
-    mode = "pixelate"              # pixelate (3 blocks across a face) | blur | fill (black)
-    mask_scale = 1.6               # the hidden area's side, in face-box sides
+what was expected). :class:`PolicyRules` names every field of the file in its
+``Attributes:`` (a model's, :class:`ModelRule`); ``tools/config_reference.py``
+makes the operators' reference (docs/reference/policy.md) from them and from
+what :func:`parse_policy` reads. The built-in policy, ``default.toml`` beside
+this module, is the example to start from.
 """
 
 from __future__ import annotations
@@ -73,6 +40,17 @@ class PolicyError(ConfigError):
 
 @dataclass(frozen=True)
 class ModelRule:
+    """One model's rule (``MODEL``: its name); a model without one follows
+    ``[defaults]``.
+
+    Attributes:
+        placement (default: ``[defaults]`` placement): where it may run.
+        escalate_to: the cloud model a low-confidence answer goes to (with
+            ``escalate_below``).
+        escalate_below: the top probability below which a local answer goes to
+            ``escalate_to``.
+    """
+
     placement: str = "either"
     escalate_to: str | None = None
     escalate_below: float | None = None
@@ -80,6 +58,39 @@ class ModelRule:
 
 @dataclass(frozen=True)
 class PolicyRules:
+    """The policy (``Attributes:`` name the fields of its file, by table).
+
+    Attributes:
+        version: the file format's version.
+        sensitivity: what may leave the device, per label, and the labels a
+            request gets.
+        sensitivity.public: what may leave of a public request: ``free`` (as
+            is), ``redact`` (only a redacted copy) or ``local`` (never).
+        sensitivity.personal: of a personal one (no label may leave more freely
+            than a less sensitive one).
+        sensitivity.sensitive: of a sensitive one.
+        sensitivity.default: the label of a request that has none.
+        sensitivity.faces: the label a face found in a request gives it (the
+            stricter label wins).
+        sensitivity.pii: the label text PII (e-mail, phone, ID numbers) gives it.
+        defaults: the rule of a model without a table of its own.
+        defaults.placement: where such a model may run.
+        defaults.prefer (default: the device profile's ``[offload]`` prefer):
+            where a request goes when both could answer in time.
+        device: when the device's state sends work to the cloud.
+        device.offload_when_throttled (default: the device profile's
+            ``[offload]``): a device throttling for heat sends what may leave.
+        device.max_cpu_load: so does a device above this CPU load (per CPU).
+        device.local_when_critical: above the critical temperature, local work
+            goes on (false: none).
+        deadline: the latency estimates against a request's deadline.
+        deadline.margin_ms: an estimate must fit the deadline with this to spare.
+        redaction: how a redacted copy hides each face (its whole head).
+        redaction.mode: ``pixelate`` (3 blocks across a face), ``blur`` or
+            ``fill`` (black).
+        redaction.mask_scale: the hidden area's side, in face-box sides.
+    """
+
     leave: dict[str, str] = field(
         default_factory=lambda: {"public": "free", "personal": "redact", "sensitive": "local"}
     )
