@@ -83,8 +83,10 @@ models: venv
 	$(PY) -m pip install --quiet -e ".[convert]"
 	$(PY) tools/train_digits.py --out models
 
-# The documentation site, into site/. --strict: a broken link, anchor or nav entry fails.
+# The documentation site, into site/. --strict: a broken link, anchor or nav entry fails;
+# first, the configuration reference must be current and document every field.
 docs: venv
+	$(PY) -m tools.config_reference --check
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # The benchmarks, each writing bench-results/<name>.json (stamped with the date and the
