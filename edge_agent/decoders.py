@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from edge_agent.extras import opencv
 from edge_core.package import ModelPackage
 
 __all__ = ["Decoded", "decoder_for", "detections"]
@@ -111,8 +112,7 @@ def _regions(probability: Array) -> Decoded:
     """DB's text boxes: each connected area above the threshold, its box grown by
     ``area * unclip / perimeter`` (DB shrinks what it finds by as much), scored by the
     mean probability inside it."""
-    import cv2
-
+    cv2 = opencv("PP-OCR's text regions")
     height, width = probability.shape
     mask = (probability > TEXT_THRESHOLD).astype(np.uint8)
     count, labels, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8)

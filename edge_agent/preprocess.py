@@ -1,9 +1,10 @@
-"""Image files to input tensors, as a model's manifest describes (OpenCV), and back.
+"""Image files to input tensors, as a model's manifest describes, and back.
 
 A file's header is read before it is decoded, and a picture over the pixel limit is
 refused (:mod:`edge_core.images`); a JPEG much larger than the model's input is
-decoded at a fraction of its size. OpenCV is imported on first use only: a device
-that is never handed an image file does not load it.
+decoded at a fraction of its size. The pixels are decoded, converted and resized by
+:mod:`edge_agent.imaging` (Pillow, imported on first use: a device that is never handed
+an image file does not load it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent import imaging
 from edge_core.errors import InputError
 from edge_core.images import MAX_IMAGE_PIXELS, ImageHeader, check_pixels, image_format, probe
 from edge_core.package import ImagePreprocessing, ModelPackage
@@ -29,12 +31,6 @@ __all__ = [
 ]
 
 Array = np.ndarray[Any, Any]
-
-
-def _cv2() -> Any:
-    import cv2
-
-    return cv2
 
 
 def decode_image(
@@ -53,7 +49,7 @@ def decode_image(
 
     Raises:
         InputError: not a JPEG, PNG, WebP, BMP, GIF or TIFF file, a picture over
-            ``max_pixels``, or one OpenCV cannot decode.
+            ``max_pixels``, or one that is corrupt or cut short.
     """
     return _decode(data, _header(data, max_pixels), reduce_to)
 
@@ -67,29 +63,8 @@ def _header(data: bytes, max_pixels: int) -> ImageHeader:
 
 
 def _decode(data: bytes, header: ImageHeader, reduce_to: tuple[int, int] | None) -> Array:
-    cv2 = _cv2()
-    flags = cv2.IMREAD_COLOR
-    factor = _reduction(header, reduce_to)
-    if factor > 1:
-        flags = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4}.get(
-            factor, cv2.IMREAD_REDUCED_COLOR_8
-        )
-    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
-    if image is None:
-        kind = header.format.upper()
-        raise InputError(f"cannot decode the image: a {kind} file corrupt or cut short")
-    return np.asarray(image)
-
-
-def _reduction(header: ImageHeader, target: tuple[int, int] | None) -> int:
-    """The largest of 2, 4 and 8 that a JPEG can be decoded smaller by and still be
-    at least ``target`` each way (1: none)."""
-    if target is None or header.format != "jpeg":
-        return 1
-    for factor in (8, 4, 2):
-        if header.height // factor >= target[0] and header.width // factor >= target[1]:
-            return factor
-    return 1
+    rgb = imaging.decode(data, header, reduce_to)
+    return np.ascontiguousarray(rgb[:, :, ::-1])  # BGR: what OpenCV's frames are
 
 
 def picture_to_tensor(
@@ -105,7 +80,7 @@ def picture_to_tensor(
     header = _header(data, max_pixels)
     hw = (header.height, header.width)
     target = pre.input_size(*hw) if pre.fit == "none" else None  # a crop needs every pixel
-    return image_to_tensor(_decode(data, header, target), pre), hw
+    return _to_tensor(imaging.decode(data, header, target), pre, "rgb"), hw
 
 
 def encoded_pictures(
@@ -176,26 +151,20 @@ def _fit_box(pixels: Array) -> Array:
 
 def image_to_tensor(image: Array, pre: ImagePreprocessing) -> Array:
     """A BGR ``uint8`` image -> a batch of one input tensor (``float32``)."""
-    cv2 = _cv2()
-    if pre.color == "gray":
-        pixels = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[:, :, None]
-    elif pre.color == "rgb":
-        pixels = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    else:
-        pixels = image
+    return _to_tensor(image, pre, "bgr")
+
+
+def _to_tensor(image: Array, pre: ImagePreprocessing, order: str) -> Array:
+    """An RGB or BGR (``order``) ``uint8`` image -> a batch of one input tensor."""
+    pixels = imaging.grey(image, order)[:, :, None] if pre.color == "gray" else image
     if pre.fit == "box":
         pixels = _fit_box(pixels)
     height, width = pixels.shape[:2]
     target = pre.input_size(height, width)
     if target != (height, width):
-        interpolation = {
-            "area": cv2.INTER_AREA,
-            "linear": cv2.INTER_LINEAR,
-            "nearest": cv2.INTER_NEAREST,
-            "cubic": cv2.INTER_CUBIC,
-        }[pre.interpolation]
-        resized = cv2.resize(pixels, (target[1], target[0]), interpolation=interpolation)
-        pixels = resized.reshape(target[0], target[1], pixels.shape[2])
+        pixels = imaging.resize(pixels, target, pre.interpolation)
+    if pre.color != "gray" and pre.color != order:
+        pixels = pixels[:, :, ::-1]  # after the resize: fewer pixels to turn round
     low, high = pre.value_range
     tensor = pixels.astype(np.float32) * np.float32((high - low) / 255.0) + np.float32(low)
     if pre.mean is not None:

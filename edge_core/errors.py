@@ -40,6 +40,7 @@ them with the status :func:`edge_core.status.status_of` gives::
     │   ├── BackendUnavailableError   the runtime library is not installed
     │   ├── ModelLoadError            the runtime refused the model
     │   └── InferenceError            the runtime failed while running it
+    ├── MissingExtraError    a library a feature needs is not installed (names the extra)
     └── RequestError             a server answers a request with this status
         ├── BadRequest           malformed body, name, version, parameter
         ├── Unauthenticated      missing, wrong or revoked token
@@ -78,6 +79,7 @@ __all__ = [
     "InputError",
     "IntegrityError",
     "MetadataError",
+    "MissingExtraError",
     "ModelLoadError",
     "ModelNotFoundError",
     "NoKeyError",
@@ -176,6 +178,11 @@ class ModelLoadError(BackendError):
 
 class InferenceError(BackendError):
     """The runtime failed while running the model."""
+
+
+class MissingExtraError(EdgeError):
+    """A library a feature needs is not installed; the message names the extra of
+    ``edge-inference`` that brings it (a device installs only what its profile uses)."""
 
 
 class PolicyRejected(EdgeError):

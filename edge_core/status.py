@@ -19,6 +19,7 @@ from edge_core.errors import (
     EngineError,
     EngineUnavailable,
     InputError,
+    MissingExtraError,
     ModelNotFoundError,
     NotFound,
     NoVariantError,
@@ -72,6 +73,8 @@ _TABLE: list[tuple[type[BaseException], int, str, str]] = [
     (ModelNotFoundError, 404, "NOT_FOUND", "not_found"),
     (NoVariantError, 503, "UNAVAILABLE", "unavailable"),
     (PackageError, 503, "UNAVAILABLE", "unavailable"),
+    # what this install lacks: the request is fine, the device cannot serve it
+    (MissingExtraError, 501, "UNIMPLEMENTED", "not_installed"),
     (BackendError, 500, "INTERNAL", "internal"),
     (EdgeError, 500, "INTERNAL", "internal"),
 ]

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent import imaging
 from edge_agent.privacy.faces import Face, grey_to_rgb, nms
 from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions, Session, open_best
@@ -89,15 +90,13 @@ class _Model:
 
     def detect(self, rgb: Array) -> list[Face]:
         """Faces in an RGB ``uint8`` image, in its pixels."""
-        import cv2
-
         height, width = rgb.shape[:2]
         side = max(height, width)
         square = np.zeros((side, side, 3), np.uint8)
         top, left = (side - height) // 2, (side - width) // 2
         square[top : top + height, left : left + width] = rgb
         size = self.spec.input_size
-        scaled = cv2.resize(square, (size, size), interpolation=cv2.INTER_AREA)
+        scaled = imaging.resize(square, (size, size), "area")
         tensor = (scaled.astype(np.float32) / 127.5 - 1.0)[None]
         out = self.session.run({self.input: tensor})
         boxes = decode(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent import imaging
 from edge_agent.privacy.faces import Face, SecondLook, grey_to_rgb
 from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions, Session, open_best
@@ -68,10 +69,8 @@ def decode(heatmap: Array, sizes: Array, offsets: Array, threshold: float) -> Ar
     """Boxes ``[N, 5]`` (x0, y0, x1, y1, score, in input pixels) from one picture's
     maps: ``heatmap [h, w]``, ``sizes [2, h, w]`` (log height, log width in
     cells) and ``offsets [2, h, w]`` (y, x in cells)."""
-    import cv2
-
     heat = np.ascontiguousarray(heatmap, dtype=np.float32)
-    peaks = heat >= cv2.dilate(heat, np.ones((3, 3), np.uint8))
+    peaks = heat >= imaging.max3x3(heat)
     ys, xs = np.nonzero(peaks & (heat >= threshold))
     height = np.exp(sizes[0, ys, xs].astype(np.float64)) * STRIDE
     width = np.exp(sizes[1, ys, xs].astype(np.float64)) * STRIDE
@@ -180,13 +179,10 @@ class CenterFace:
 
     def _boxes(self, rgb: Array, scale: float, threshold: float) -> Array:
         """Boxes in ``rgb``'s pixels, the network run on it resized by ``scale``."""
-        import cv2
-
         height, width = rgb.shape[:2]
         new_h, new_w = max(1, round(height * scale)), max(1, round(width * scale))
         if (new_h, new_w) != (height, width):
-            shrink = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-            rgb = cv2.resize(rgb, (new_w, new_h), interpolation=shrink)
+            rgb = imaging.resize(rgb, (new_h, new_w), "area" if scale < 1 else "linear")
         tensor = np.zeros(
             (1, 3, -(-new_h // MULTIPLE) * MULTIPLE, -(-new_w // MULTIPLE) * MULTIPLE), np.float32
         )
@@ -200,8 +196,6 @@ class CenterFace:
 
     def _look_again(self, rgb: Array, boxes: Array, look: SecondLook) -> Array:
         """Which of ``boxes`` a closer look confirms (a boolean per box)."""
-        import cv2
-
         side = -(-look.side // MULTIPLE) * MULTIPLE
         batch = np.zeros((len(boxes), 3, side, side), np.float32)
         frames = []
@@ -215,9 +209,7 @@ class CenterFace:
             ]
             zoom = side / max(crop.shape[:2])
             h, w = max(1, round(crop.shape[0] * zoom)), max(1, round(crop.shape[1] * zoom))
-            batch[i, :, :h, :w] = cv2.resize(
-                crop, (w, h), interpolation=cv2.INTER_LINEAR
-            ).transpose(2, 0, 1)
+            batch[i, :, :h, :w] = imaging.resize(crop, (h, w), "linear").transpose(2, 0, 1)
             frames.append((left, top, zoom))
         out = self.session.run({self.input: batch})
         heat, sizes, offsets = (out[name] for name in self.outputs)

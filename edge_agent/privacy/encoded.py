@@ -3,10 +3,10 @@
 A request can carry a picture as its file's bytes (JPEG, PNG, WebP, BMP, GIF,
 TIFF): a ``BYTES`` element, or a flat ``uint8`` tensor. Such bytes are
 recognised by their signature (:func:`~edge_core.images.image_format`), their
-header read, and decoded with OpenCV (:func:`decode`; an animated or multi-page
-image, or one OpenCV cannot read, gives ``None``: it cannot be searched; one over
-the pixel limit is refused), and written again from pixels only
-(:func:`encode`), which drops whatever metadata the file carried (EXIF with its
+header read, and decoded (:func:`decode`, through :mod:`edge_agent.imaging`; an
+animated or multi-page image, or one that is corrupt or cut short, gives ``None``: it
+cannot be searched; one over the pixel limit is refused), and written again from pixels
+only (:func:`encode`), which drops whatever metadata the file carried (EXIF with its
 GPS position and camera serial, XMP, IPTC, comments). :func:`carries_metadata`
 tells whether a file may still hold such metadata.
 """
@@ -20,16 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent import imaging
+from edge_core.errors import InputError
 from edge_core.images import MAX_IMAGE_PIXELS, check_pixels, image_format, probe
 
 __all__ = ["carries_metadata", "decode", "encode", "unwrap_base64"]
 
 Array = np.ndarray[Any, Any]
-
-# How each format is written again; formats OpenCV writes with metadata of their own
-# (TIFF's tags) or not everywhere (GIF) become PNG.
-_WRITE_AS = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp"}
-
 
 # How the formats above begin once in base64 (JSON clients send pictures so): those
 # long enough to say "a picture" alone, then those that need the decoded bytes to agree.
@@ -63,38 +60,25 @@ def unwrap_base64(text: bytes) -> tuple[bytes, bytes] | None:
 
 def decode(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Array | None:
     """The RGB ``uint8`` picture in ``data``; ``None`` when it cannot be read as one
-    picture (corrupt, a format this OpenCV lacks, several frames or pages). The header
-    is read first: several frames are never decoded, nor a picture over the limit.
+    picture (corrupt, cut short, several frames or pages). The header is read first:
+    several frames are never decoded, nor a picture over the limit.
 
     Raises:
         InputError: a picture of more than ``max_pixels``.
     """
-    import cv2
-
     header = probe(data)
     if header is None or header.frames != 1:
         return None
     check_pixels(header, max_pixels)
     try:
-        ok, frames = cv2.imdecodemulti(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    except cv2.error:
+        return imaging.decode(data, header)
+    except InputError:
         return None
-    if not ok or len(frames) != 1 or frames[0] is None or frames[0].size == 0:
-        return None
-    rgb: Array = cv2.cvtColor(frames[0], cv2.COLOR_BGR2RGB)
-    return rgb
 
 
 def encode(rgb: Array, fmt: str) -> bytes:
     """``rgb`` written as a file of format ``fmt`` (PNG for GIF and TIFF), pixels only."""
-    import cv2
-
-    extension = _WRITE_AS.get(fmt, ".png")
-    params = [cv2.IMWRITE_JPEG_QUALITY, 95] if extension == ".jpg" else []
-    ok, buffer = cv2.imencode(extension, cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), params)
-    if not ok:  # pragma: no cover - OpenCV writes these formats from any uint8 picture
-        raise ValueError(f"OpenCV could not write a {extension} image")
-    return bytes(buffer.tobytes())
+    return imaging.encode(rgb, fmt)
 
 
 def carries_metadata(data: bytes) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent import imaging
 from edge_agent.policy.rules import REDACTION_MODES as MODES
 from edge_agent.privacy.faces import Face, FaceFinder
 
@@ -72,8 +73,6 @@ def _pixels(area: Face, height: int, width: int) -> tuple[int, int, int, int] | 
 def hide(rgb: Array, faces: Sequence[Face], redaction: Redaction) -> Array:
     """A copy of ``rgb`` with each face's hidden area hidden as ``redaction`` says
     (``rgb`` itself when there are no faces)."""
-    import cv2
-
     if not faces:
         return rgb
     out = rgb.copy()
@@ -89,12 +88,12 @@ def hide(rgb: Array, faces: Sequence[Face], redaction: Redaction) -> Array:
             continue
         if redaction.mode == "blur":
             kernel = max(3, min(x1 - x0, y1 - y0) // 2)
-            region[...] = cv2.blur(cv2.blur(region, (kernel, kernel)), (kernel, kernel))
+            region[...] = imaging.box_blur(imaging.box_blur(region, kernel), kernel)
             continue
         cell = max(1.0, min(face.width, face.height) / BLOCKS_PER_FACE)
         cols, rows = max(1, round((x1 - x0) / cell)), max(1, round((y1 - y0) / cell))
-        small = cv2.resize(region, (cols, rows), interpolation=cv2.INTER_AREA)
-        region[...] = cv2.resize(small, (x1 - x0, y1 - y0), interpolation=cv2.INTER_NEAREST)
+        small = imaging.resize(region, (rows, cols), "area")
+        region[...] = imaging.resize(small, (y1 - y0, x1 - x0), "nearest")
     result: Array = out
     return result
 

@@ -11,7 +11,9 @@ unless the caller trades that for speed.
 Decoding and encoding are OpenCV's (FFmpeg inside): ``.mp4``, ``.mov`` and
 ``.mkv`` are written with MPEG-4 Part 2, ``.avi`` with Motion JPEG, other
 inputs as ``.mp4``. OpenCV reads and writes pictures only: **the sound track
-is not carried** (the output is silent), nor are subtitles or metadata.
+is not carried** (the output is silent), nor are subtitles or metadata. OpenCV is the
+``video`` extra (:mod:`edge_agent.extras`): without it a video is refused with the
+command that installs it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from edge_agent.extras import opencv
 from edge_agent.privacy.faces import Face, FaceFinder
 from edge_agent.privacy.redact import Redaction, hide, redact_faces
 from edge_core.errors import InputError
@@ -131,9 +134,9 @@ def redact_video(
     Raises:
         InputError: ``source`` is not a video OpenCV can read, is over a limit, or
             ``target`` cannot be written.
+        MissingExtraError: OpenCV is not installed (the ``video`` extra).
     """
-    import cv2
-
+    cv2 = opencv("redacting a video")
     capture = cv2.VideoCapture(str(source))
     if not capture.isOpened():
         raise InputError(f"cannot read {source} as a video")
@@ -203,8 +206,7 @@ def video_limits(capture: Any, source: str, max_pixels: int, max_frames: int) ->
     Raises:
         InputError: over a limit.
     """
-    import cv2
-
+    cv2 = opencv("reading a video")
     width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
     height = int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
     frames = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
@@ -212,8 +214,7 @@ def video_limits(capture: Any, source: str, max_pixels: int, max_frames: int) ->
 
 
 def _writer(target: Path, fps: float, width: int, height: int) -> Any:
-    import cv2
-
+    cv2 = opencv("writing a video")
     codec = _CODECS.get(target.suffix.lower(), "mp4v")
     writer = cv2.VideoWriter(str(target), cv2.VideoWriter.fourcc(*codec), fps, (width, height))
     if not writer.isOpened():

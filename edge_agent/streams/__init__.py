@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.config import StreamSettings
+from edge_agent.extras import opencv
 from edge_agent.streams.pipeline import Capture, Stream, StreamStats
 from edge_agent.streams.sinks import Broadcaster, JsonLines, MqttResults, Sink
 from edge_core.errors import ConfigError, EdgeError
@@ -32,15 +33,15 @@ def open_capture(source: str) -> Capture:
     """OpenCV's capture of ``source`` (a file, ``/dev/videoN``, an RTSP or HTTP URL).
 
     Raises:
-        EdgeError: OpenCV cannot open it.
+        EdgeError: OpenCV cannot open it, or is not installed (the ``video`` extra).
     """
-    import cv2
-
-    capture = cv2.VideoCapture(source)
+    cv2 = opencv("a stream")
+    capture: Any = cv2.VideoCapture(source)
     if not capture.isOpened():
         capture.release()
         raise EdgeError(f"OpenCV cannot open the video source {source!r}")
-    return capture
+    opened: Capture = capture
+    return opened
 
 
 class Streams:

@@ -21,6 +21,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from edge_agent.extras import opencv
+
 __all__ = ["THUMBNAIL", "LatestSlot", "key_frame", "next_due", "thumbnail"]
 
 Array = np.ndarray[Any, Any]
@@ -99,8 +101,7 @@ class LatestSlot(Generic[T]):
 
 def thumbnail(frame: Array) -> Array:
     """A small grey copy of a BGR (or grey) frame, to compare frames by."""
-    import cv2
-
+    cv2 = opencv("a stream's key frames")
     grey = frame if frame.ndim == 2 else cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
     small: Array = cv2.resize(grey, THUMBNAIL, interpolation=cv2.INTER_AREA)
     return small

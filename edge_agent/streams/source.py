@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_agent.config import StreamSettings
+from edge_agent.extras import opencv
 from edge_agent.streams.rules import next_due
 from edge_core.errors import InputError
 from edge_core.images import MAX_IMAGE_PIXELS, check_video
@@ -132,8 +133,7 @@ class Source:
         self._state("ended")
 
     def _read(self, capture: Capture) -> Iterator[Frame]:
-        import cv2
-
+        cv2 = opencv("a stream")
         name, limit = self.settings.source, self.max_pixels
         width, height = (
             capture.get(cv2.CAP_PROP_FRAME_WIDTH),

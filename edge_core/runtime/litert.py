@@ -54,7 +54,7 @@ def _import_litert() -> Any:
             from tflite_runtime import interpreter  # the last release needs NumPy 1
         except ImportError as exc:
             raise BackendUnavailableError(
-                "LiteRT is not installed (pip install ai-edge-litert)"
+                "LiteRT is not installed (the 'litert' extra: pip install 'edge-inference[litert]')"
             ) from exc
     return interpreter
 

@@ -59,8 +59,8 @@ def _import_ort() -> tuple[Any, tuple[type[BaseException], ...], type[BaseExcept
         from onnxruntime.capi import onnxruntime_pybind11_state as state
     except ImportError as exc:
         raise BackendUnavailableError(
-            "ONNX Runtime is not installed (pip install onnxruntime, or onnxruntime-gpu "
-            "on a Jetson)"
+            "ONNX Runtime is not installed (the 'onnx' extra: pip install "
+            "'edge-inference[onnx]'; on a Jetson, NVIDIA's onnxruntime-gpu)"
         ) from exc
     errors = tuple(
         obj for obj in vars(state).values() if isinstance(obj, type) and issubclass(obj, Exception)
