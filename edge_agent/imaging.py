@@ -2,9 +2,9 @@
 
 Every picture the agent reads or writes passes here: the image files of requests
 (:mod:`edge_agent.preprocess`, :mod:`edge_agent.privacy.encoded`), the face detectors'
-resizes, redaction. They run on Pillow, imported on first use, so a device that takes
-pictures needs Pillow (about 20 MB installed) and not OpenCV (five to eight times as
-much), which only video and streams need (:mod:`edge_agent.extras`).
+resizes, redaction. They run on Pillow, imported on first use, and NumPy, so a device
+that takes pictures needs Pillow and not OpenCV, several times its size on disk, which
+only video and streams need (:mod:`edge_agent.extras`).
 
 - :func:`decode` is handed a file whose header :func:`edge_core.images.probe` read and
   :func:`~edge_core.images.check_pixels` held to the caller's limit: that check is the
