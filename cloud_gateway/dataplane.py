@@ -1,18 +1,17 @@
 """The protocol-neutral data plane behind both front ends (REST and gRPC).
 
-A front end parses its wire format into an :class:`InferRequest`,
-authenticates the caller and calls :meth:`DataPlane.infer`; the data plane
-checks the model's name and version against the one rule of
-:mod:`edge_core.names` before anything is looked up (a 400 that gives the
-rule), checks the request against the model (names, datatypes, shapes, and its size: at
-most the model's ``max_batch_size`` rows, a free-size picture within its manifest's
-pixels, so that no one request takes the memory of many), queues it in
-the model's batcher (or runs it directly when batching is off for the model),
-or, for a remote engine's model, forwards it on the event loop (never batched
-here: the engine batches), keeps its deadline, and returns an
-:class:`InferResponse`. Every error comes from the one error tree
-(:mod:`edge_core.errors`), which the front ends map to statuses through one
-table (:mod:`edge_core.status`).
+A front end parses its wire format into an :class:`InferRequest`, authenticates the
+caller (:class:`~cloud_gateway.access.Access`: the data plane never sees a token) and
+calls :meth:`DataPlane.infer`; the data plane checks the model's name and version
+against the one rule of :mod:`edge_core.names` before anything is looked up (a 400
+that gives the rule), checks the request against the model (names, datatypes, shapes,
+and its size: at most the model's ``max_batch_size`` rows, a free-size picture within
+its manifest's pixels, so that no one request takes the memory of many), queues it in
+the model's batcher (or runs it directly when batching is off for the model), or, for
+a remote engine's model, forwards it on the event loop (never batched here: the engine
+batches), keeps its deadline, and returns an :class:`InferResponse`. Every error comes
+from the one error tree (:mod:`edge_core.errors`), which the front ends map to
+statuses through one table (:mod:`edge_core.status`).
 """
 
 from __future__ import annotations
@@ -29,13 +28,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cloud_gateway import cpus
-from cloud_gateway.auth import Device, DeviceRegistry, RateLimiter
+from cloud_gateway.auth import Device
 from cloud_gateway.batching import BatchSlots, DynamicBatcher
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import LoadedModel, ServingRepository
-from edge_core.errors import BadRequest, DeadlineExceeded, EngineError, PermissionDenied
+from edge_core.errors import BadRequest, DeadlineExceeded, EngineError
 from edge_core.names import check_model_name, is_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
 from edge_core.status import status_of
@@ -69,7 +68,6 @@ class DataPlane:
         self,
         config: GatewayConfig,
         repository: ServingRepository,
-        registry: DeviceRegistry,
         metrics: GatewayMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -78,14 +76,8 @@ class DataPlane:
         self.config = config
         self.repository = repository
         self.remotes = tuple(remotes)
-        self.registry = registry
         self.metrics = metrics
         self._children: dict[tuple[Any, ...], Any] = {}  # metric children, see _child
-        self.limiter = RateLimiter(
-            config.rate_limit.requests_per_second, config.rate_limit.burst, clock=clock
-        )
-        # device -> when it was last heard from, and how (a request, an update check)
-        self.heard: dict[str, tuple[float, str]] = {}
         self._inference_cpus = config.inference_cpus
         self.executor = ThreadPoolExecutor(
             config.workers,
@@ -259,39 +251,14 @@ class DataPlane:
 
     # -- requests ------------------------------------------------------------------------
 
-    def authenticate(
-        self, token: str | None, *, admin: bool = False, scrape: bool = False
-    ) -> Device:
-        """The calling device, within its rate limit. A metrics token is taken only with
-        ``scrape`` (/metrics): a scraper's credential may do nothing else.
-
-        Raises:
-            Unauthenticated, PermissionDenied, RateLimited
-        """
-        device = self.registry.authenticate(token)
-        if device.role == "metrics" and not scrape:
-            raise PermissionDenied(f"{device.id!r} is a metrics token: it may read /metrics only")
-        if admin and device.role != "admin":
-            raise PermissionDenied(f"device {device.id!r} may not manage the repository")
-        self.limiter.check(device.id)
-        self.heard[device.id] = (time.time(), "request")  # one entry a device: bounded
-        return device
-
-    def note_heard(self, device_id: str, what: str) -> None:
-        """Note that an authenticated device was heard from (``what``: an update check,
-        a report); written with the rest in a batch, not by the request."""
-        self.heard[device_id] = (time.time(), what)
-
-    def take_heard(self) -> dict[str, tuple[float, str]]:
-        """The devices heard from since the last call, when and how (``device list``)."""
-        heard, self.heard = self.heard, {}
-        return heard
-
     def count_failure(self, model: str, protocol: str, exc: BaseException) -> None:
         """Count a request refused before it reached :meth:`infer` (auth, limits, a bad body)."""
-        label = self.label(model)
-        self.metrics.requests.labels(label, protocol, status_of(exc).kind).inc()
-        self.metrics.failures.labels(label, protocol, status_of(exc).kind).inc()
+        self._count(self.label(model), protocol, status_of(exc).kind)
+
+    def _count(self, label: str, protocol: str, kind: str) -> None:
+        """One failed request, in both series (every request, and the failures)."""
+        self.metrics.requests.labels(label, protocol, kind).inc()
+        self.metrics.failures.labels(label, protocol, kind).inc()
 
     def _feed(self, model: LoadedModel, request: InferRequest) -> dict[str, Array]:
         if model.forward is not None and not model.inputs:
@@ -332,11 +299,18 @@ class DataPlane:
             pre.check_input(feed[pre.input].shape)  # a free-size picture: at most its pixels
         return feed
 
-    def _deadline(self, request: InferRequest, deadline: float | None) -> float | None:
+    def _deadline(self, request: InferRequest, deadline: float | None, now: float) -> float | None:
+        """The front end's ``deadline``, shortened by the request's own ``timeout``.
+
+        Raises:
+            DeadlineExceeded: it had passed at ``now``, when the request arrived.
+        """
         timeout_us = request.timeout_us
         if timeout_us:
-            own = self._clock() + timeout_us / 1e6
+            own = now + timeout_us / 1e6
             deadline = own if deadline is None else min(deadline, own)
+        if deadline is not None and deadline <= now:
+            raise DeadlineExceeded("the request's deadline had passed when it arrived")
         return deadline
 
     async def infer(
@@ -364,16 +338,8 @@ class DataPlane:
             model = self._model(request.model_name, request.model_version)
             model_label = model.package.name
             feed = self._feed(model, request)
-            wanted = None
-            if request.outputs is not None:
-                known = {spec.name for spec in model.outputs}
-                wanted = [o.name for o in request.outputs]
-                for name in wanted:
-                    if name not in known:
-                        raise BadRequest(f"unknown output {name!r} for model {model_label!r}")
-            deadline = self._deadline(request, deadline)
-            if deadline is not None and deadline <= started:
-                raise DeadlineExceeded("the request's deadline had passed when it arrived")
+            wanted = None if request.outputs is None else self._wanted(model, request)
+            deadline = self._deadline(request, deadline, started)
             if device is not None:
                 self._child(self.metrics.device_requests, device.id, device.group).inc()
             raw = None
@@ -394,34 +360,54 @@ class DataPlane:
                 raw=raw,
             )
         except asyncio.CancelledError:
-            # the front end gave up on it (gRPC ends a call at its deadline, or when
-            # the client cancels): counted all the same, under what ended it
-            late = deadline is not None and self._clock() >= deadline - CANCEL_SLACK_S
-            kind = "deadline_exceeded" if late else "cancelled"
-            label = model_label or self.label(request.model_name)
-            self.metrics.requests.labels(label, protocol, kind).inc()
-            self.metrics.failures.labels(label, protocol, kind).inc()
+            self._count_cancelled(model_label or self.label(request.model_name), protocol, deadline)
             raise
         except Exception as exc:
-            status = status_of(exc)
-            if model_label is None:
-                model_label = self.label(request.model_name)
-            self.metrics.requests.labels(model_label, protocol, status.kind).inc()
-            self.metrics.failures.labels(model_label, protocol, status.kind).inc()
-            if status.http >= 500:
-                log.error(
-                    "request %s for %s failed: %s",
-                    request_id or "-",
-                    model_label,
-                    exc,
-                    extra={"request_id": request_id},
-                )
+            self._count_failed(
+                model_label or self.label(request.model_name), protocol, exc, request_id
+            )
             raise
         self._child(self.metrics.requests, model_label, protocol, "ok").inc()
         self._child(self.metrics.request_seconds, model_label, protocol).observe(
             self._clock() - started
         )
         return response
+
+    @staticmethod
+    def _wanted(model: LoadedModel, request: InferRequest) -> list[str]:
+        """The outputs a request names, each one of the model's.
+
+        Raises:
+            BadRequest: an output the model does not have.
+        """
+        known = {spec.name for spec in model.outputs}
+        wanted = [o.name for o in request.outputs or ()]
+        for name in wanted:
+            if name not in known:
+                raise BadRequest(f"unknown output {name!r} for model {model.package.name!r}")
+        return wanted
+
+    def _count_cancelled(self, label: str, protocol: str, deadline: float | None) -> None:
+        """A request the front end gave up on (gRPC ends a call at its deadline, or when
+        the client cancels): counted all the same, under what ended it."""
+        late = deadline is not None and self._clock() >= deadline - CANCEL_SLACK_S
+        self._count(label, protocol, "deadline_exceeded" if late else "cancelled")
+
+    def _count_failed(
+        self, label: str, protocol: str, exc: Exception, request_id: str | None
+    ) -> None:
+        """A request that failed, counted by its status's kind; logged when the fault is
+        the gateway's (a 5xx), with the caller's request id."""
+        status = status_of(exc)
+        self._count(label, protocol, status.kind)
+        if status.http >= 500:
+            log.error(
+                "request %s for %s failed: %s",
+                request_id or "-",
+                label,
+                exc,
+                extra={"request_id": request_id},
+            )
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept: prometheus_client's lookup takes a lock and

@@ -25,6 +25,7 @@ import grpc
 import uvicorn
 
 from cloud_gateway import cpus
+from cloud_gateway.access import Access
 from cloud_gateway.auth import DeviceRegistry
 from cloud_gateway.config import GatewayConfig
 from cloud_gateway.dashboard.actions import Operations
@@ -119,15 +120,14 @@ class Gateway:
         backend = backend or EmbeddedBackend(config.runtime, config.precisions, config.formats)
         self.repository = ServingRepository(config.repository, backend)
         self.remotes = [RemoteBackend(settings) for settings in config.backends]
-        self.plane = DataPlane(
-            config, self.repository, self.registry, self.metrics, remotes=self.remotes
-        )
+        self.access = Access(self.registry, config.rate_limit)
+        self.plane = DataPlane(config, self.repository, self.metrics, remotes=self.remotes)
         self._watch_tasks: list[asyncio.Task[None]] = []
         rollouts = RolloutStore(self.database)
         self.ota: OtaService | None = None
         if config.ota_repository is not None:
             self.ota = OtaService(
-                config.ota_repository, rollouts, heard=self.plane.note_heard,
+                config.ota_repository, rollouts, heard=self.access.note_heard,
                 on_refused=lambda reason: self.metrics.ota_reports_refused.labels(reason).inc(),
             )  # fmt: skip
         # the fleet's telemetry (over MQTT, or with the update checks) and the dashboard
@@ -150,7 +150,9 @@ class Gateway:
                 settings,
                 secure=config.tls is not None,
             )
-        self.app = create_app(self.plane, self.ota, telemetry=self.telemetry, dashboard=dashboard)
+        self.app = create_app(
+            self.plane, self.access, self.ota, telemetry=self.telemetry, dashboard=dashboard
+        )
         self.http_port = config.http_port
         self.grpc_port = config.grpc_port
         self._http: uvicorn.Server | None = None
@@ -162,7 +164,7 @@ class Gateway:
         self.mqtt: MqttBridge | None = None
         if config.mqtt is not None:
             self.mqtt = MqttBridge(
-                config.mqtt, self._mqtt_password(), self.plane, ota=self.ota,
+                config.mqtt, self._mqtt_password(), self.plane, self.access, ota=self.ota,
                 telemetry=self.telemetry,
             )  # fmt: skip
 
@@ -249,9 +251,10 @@ class Gateway:
                     tls_kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED
         self._http = uvicorn.Server(
             uvicorn.Config(
-                InferFront(self.app, self.plane),  # the inference route ahead of FastAPI
+                # the inference route ahead of FastAPI
+                InferFront(self.app, self.plane, self.access),
                 # inference requests answered on the connection (cloud_gateway.rest.direct)
-                http=direct_protocol_class(self.connections, self.plane),
+                http=direct_protocol_class(self.connections, self.plane, self.access),
                 ws="none",
                 timeout_keep_alive=math.ceil(limits.keep_alive_timeout_s),  # ours applies
                 log_level="warning",
@@ -344,7 +347,7 @@ class Gateway:
             ("grpc.http.overload_protection", 1),
         ]
         server = grpc.aio.server(options=options)
-        add_to_server(InferenceServicer(self.plane), server)
+        add_to_server(InferenceServicer(self.plane, self.access), server)
         address = f"{config.host}:{config.grpc_port}"
         credentials = None
         if config.tls is not None:
@@ -431,7 +434,7 @@ class Gateway:
     async def _record_heard(self) -> None:
         """Write when devices were last heard from (``device list``), in a batch off the
         event loop: a request only notes it in memory."""
-        heard = self.plane.take_heard()
+        heard = self.access.take_heard()
         if self.ota is None or not heard:
             return
         rollouts = self.ota.rollouts

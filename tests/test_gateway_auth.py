@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from cloud_gateway.access import Access
 from cloud_gateway.auth import DeviceRegistry, RateLimiter, TokenBucket, parse_bearer
+from cloud_gateway.config import RateLimitSettings
 from cloud_gateway.state import open_state
-from edge_core.errors import RateLimited, Unauthenticated
+from edge_core.errors import PermissionDenied, RateLimited, Unauthenticated
 
 from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
 
@@ -117,6 +119,33 @@ def test_rate_limiter_is_per_device() -> None:
         limiter.check("a")
     now[0] = 1.0
     limiter.check("a")
+
+
+def test_access_limits_on_its_clock_and_stamps_last_heard_on_the_wall_clock(
+    tmp_path: Path,
+) -> None:
+    """Both clocks are injected: the rate limit runs on the monotonic one, "last heard"
+    (a moment the database keeps) on the wall clock; roles are checked before either."""
+    registry = registry_at(f"sqlite:///{tmp_path / 'gateway.sqlite'}")
+    token = registry.add("cam-01", "g")
+    scraper = registry.add("scraper", "ops", role="metrics")
+    now = [0.0]
+    access = Access(registry, RateLimitSettings(1.0, 1), clock=lambda: now[0], wall=lambda: 1.7e9)
+    assert access.authenticate(token).id == "cam-01"
+    with pytest.raises(RateLimited, match="exceeded for device 'cam-01'"):
+        access.authenticate(token)
+    now[0] = 1.0
+    access.authenticate(token)
+    assert access.take_heard() == {"cam-01": (1.7e9, "request")}
+    access.note_heard("cam-01", "update check")
+    assert access.take_heard() == {"cam-01": (1.7e9, "update check")}
+    assert access.take_heard() == {}
+    with pytest.raises(PermissionDenied, match="may not manage the repository"):
+        access.authenticate(token, admin=True)
+    with pytest.raises(PermissionDenied, match="it may read /metrics only"):
+        access.authenticate(scraper)
+    assert access.authenticate(scraper, scrape=True).role == "metrics"
+    assert access.take_heard() == {"scraper": (1.7e9, "request")}
 
 
 def gateway_cli(*args: str) -> subprocess.CompletedProcess[str]:

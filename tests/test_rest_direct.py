@@ -243,7 +243,7 @@ def test_a_gateway_fault_is_a_500_and_the_connection_closed(
     def broken_registry(token: object) -> object:
         raise RuntimeError("the state database is gone")
 
-    monkeypatch.setattr(plane.registry, "authenticate", broken_registry)
+    monkeypatch.setattr(handle.gateway.registry, "authenticate", broken_registry)
     sock, reader = connect(handle)
     with sock:
         sock.sendall(request(handle, infer_body(x)))

@@ -15,6 +15,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from cloud_gateway.access import Access
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
 from edge_core.protocol.grpc import (
@@ -33,8 +34,9 @@ T = TypeVar("T")
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, access: Access) -> None:
         self.plane = plane
+        self.access = access
 
     async def _guard(self, context: Any, call: Callable[[], Awaitable[T]]) -> T | None:
         try:
@@ -48,7 +50,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
                 token = parse_bearer(value)
-        return self.plane.authenticate(token, admin=admin)
+        return self.access.authenticate(token, admin=admin)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return pb.ServerLiveResponse(live=self.plane.live())
@@ -96,7 +98,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 elif key == "x-request-id":
                     request_id = str(value)
             try:
-                device = self.plane.authenticate(token)
+                device = self.access.authenticate(token)
                 infer_request = request_from_proto(request)
             except Exception as exc:
                 self.plane.count_failure(request.model_name, "grpc", exc)

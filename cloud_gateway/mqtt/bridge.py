@@ -41,6 +41,7 @@ import time
 import uuid
 from typing import Any
 
+from cloud_gateway.access import Access
 from cloud_gateway.auth import parse_bearer
 from cloud_gateway.config import MqttBridgeSettings
 from cloud_gateway.dataplane import DataPlane
@@ -71,6 +72,7 @@ class MqttBridge:
         config: MqttBridgeSettings,
         password: str,
         plane: DataPlane,
+        access: Access,
         *,
         ota: OtaService | None = None,
         telemetry: TelemetryIngest | None = None,
@@ -78,6 +80,7 @@ class MqttBridge:
         self.config = config
         self.telemetry = telemetry
         self.plane = plane
+        self.access = access
         self.metrics = plane.metrics
         self.ota = ota
         # one client id per replica (Mosquitto disconnects a client whose id another
@@ -181,7 +184,7 @@ class MqttBridge:
         correlation = getattr(props, "CorrelationData", None)
         user = user_properties(message)
         try:
-            device = self.plane.registry.authenticate(parse_bearer(user.get("authorization")))
+            device = self.access.registry.authenticate(parse_bearer(user.get("authorization")))
         except RequestError as exc:
             # no answer: whoever sent it could name any device's response topic
             return self._drop("unauthenticated", message, str(exc))
@@ -195,7 +198,7 @@ class MqttBridge:
             return self._drop("no_correlation", message)
         model = message.topic.split("/")[1] if message.topic.count("/") == 2 else "unknown"
         try:
-            self.plane.limiter.check(device.id)
+            self.access.limiter.check(device.id)
             request = decode_request(message.topic, message.payload, user)
         except (RequestError, ProtocolError) as exc:
             self.plane.count_failure(model, "mqtt", exc)

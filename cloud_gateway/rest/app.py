@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from cloud_gateway.access import Access
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dashboard.api import add_api_routes
 from cloud_gateway.dashboard.context import DashboardContext
@@ -92,6 +93,7 @@ _TELEMETRY_BODY: dict[str, Any] = {
 
 def create_app(
     plane: DataPlane,
+    access: Access,
     ota: OtaService | None = None,
     *,
     telemetry: TelemetryIngest | None = None,
@@ -142,7 +144,7 @@ def create_app(
 
     def authenticate(request: Request, *, admin: bool = False, scrape: bool = False) -> Device:
         token = parse_bearer(request.headers.get("authorization"))
-        return plane.authenticate(token, admin=admin, scrape=scrape)
+        return access.authenticate(token, admin=admin, scrape=scrape)
 
     # -- health (open) -------------------------------------------------------------------
 
@@ -207,7 +209,7 @@ def create_app(
     async def infer(request: Request, name: str, version: str = "") -> Response:
         # uvicorn's requests for these paths are answered by InferFront, ahead of FastAPI
         return await run_infer(
-            plane, request.headers, lambda: read_body(request, max_body), name, version
+            plane, access, request.headers, lambda: read_body(request, max_body), name, version
         )
 
     # -- repository (admin) ------------------------------------------------------------

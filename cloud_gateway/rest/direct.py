@@ -33,6 +33,7 @@ import httptools
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from cloud_gateway.access import Access
 from cloud_gateway.auth import Device
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.rest.body import check_declared, check_received
@@ -91,10 +92,11 @@ class _Direct:
 
 class DirectInferProtocol(GuardedHttpProtocol):
     """The guarded httptools protocol, answering inference requests itself (see the
-    module's docstring). ``plane`` is set on the subclass :func:`direct_protocol_class`
-    makes for one server."""
+    module's docstring). ``plane`` and ``access`` are set on the subclass
+    :func:`direct_protocol_class` makes for one server."""
 
     plane: DataPlane
+    access: Access
     _direct: _Direct | None = None
 
     # -- the parser's events --------------------------------------------------------------
@@ -110,7 +112,9 @@ class DirectInferProtocol(GuardedHttpProtocol):
         self.cycle = direct  # type: ignore[assignment]  # read as a cycle (module docstring)
         self._enter(BODY, self.tracker.settings.body_timeout_s, self._body_late)
         try:
-            direct.device = authenticate_infer(self.plane, direct.headers, direct.route[0])
+            direct.device = authenticate_infer(
+                self.plane, self.access, direct.headers, direct.route[0]
+            )
         except (RequestError, EdgeError) as exc:
             self._write(direct, error_response(exc))
             return
@@ -234,14 +238,16 @@ class DirectInferProtocol(GuardedHttpProtocol):
 
 
 def direct_protocol_class(
-    tracker: ConnectionTracker, plane: DataPlane
+    tracker: ConnectionTracker, plane: DataPlane, access: Access
 ) -> type[DirectInferProtocol]:
     """The protocol class to give uvicorn (``http=``) for one server: connections
-    counted by ``tracker``, inference requests answered by ``plane``."""
+    counted by ``tracker``, callers authenticated by ``access``, inference requests
+    answered by ``plane``."""
 
     class Protocol(DirectInferProtocol):
         pass
 
     Protocol.tracker = tracker
     Protocol.plane = plane
+    Protocol.access = access
     return Protocol

@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from cloud_gateway.access import Access
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.rest.body import receive_body
@@ -64,7 +65,9 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": status.message}, status_code=status.http, headers=headers)
 
 
-def authenticate_infer(plane: DataPlane, headers: Mapping[str, str], name: str) -> Device:
+def authenticate_infer(
+    plane: DataPlane, access: Access, headers: Mapping[str, str], name: str
+) -> Device:
     """The device an inference request is from, within its rate limit; a refusal is
     counted. ``headers`` is looked up with lower-case names.
 
@@ -72,7 +75,7 @@ def authenticate_infer(plane: DataPlane, headers: Mapping[str, str], name: str) 
         RequestError or EdgeError: mapped to a status by the caller.
     """
     try:
-        return plane.authenticate(parse_bearer(headers.get("authorization")))
+        return access.authenticate(parse_bearer(headers.get("authorization")))
     except (RequestError, EdgeError) as exc:
         plane.count_failure(name, "http", exc)
         raise
@@ -116,6 +119,7 @@ async def answer_infer(
 
 async def run_infer(
     plane: DataPlane,
+    access: Access,
     headers: Mapping[str, str],
     body: Callable[[], Awaitable[bytes]],
     name: str,
@@ -130,7 +134,7 @@ async def run_infer(
         RequestError or EdgeError: mapped to a status by the caller.
         starlette.requests.ClientDisconnect: the client went away during its body.
     """
-    device = authenticate_infer(plane, headers, name)
+    device = authenticate_infer(plane, access, headers, name)
     try:
         content = await body()
     except (RequestError, EdgeError) as exc:
@@ -181,9 +185,10 @@ def infer_route(path: str) -> tuple[str, str] | None:
 class InferFront:
     """An ASGI application: the inference route answered here, the rest by ``app``."""
 
-    def __init__(self, app: ASGIApp, plane: DataPlane) -> None:
+    def __init__(self, app: ASGIApp, plane: DataPlane, access: Access) -> None:
         self.app = app
         self.plane = plane
+        self.access = access
         self.limit = plane.config.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -201,7 +206,8 @@ class InferFront:
 
         try:
             response = await respond(
-                scope["path"], lambda: run_infer(self.plane, headers, body, name, version)
+                scope["path"],
+                lambda: run_infer(self.plane, self.access, headers, body, name, version),
             )
         except ClientDisconnect:
             self.plane.metrics.client_disconnects.labels("http").inc()
