@@ -14,6 +14,7 @@ with the same function (:func:`~cloud_gateway.rest.infer.run_infer`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -108,7 +109,36 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    max_body = plane.config.max_body_bytes
+    _add_error_handlers(app, plane)
+    _add_health_routes(app, plane, access)
+    _add_metadata_routes(app, plane, access)
+    _add_infer_routes(app, plane, access)
+    _add_repository_routes(app, plane, access)
+    if ota is not None:
+        add_ota_routes(app, ota, functools.partial(_authenticate, access))
+    if telemetry is not None:
+        _add_telemetry_route(app, telemetry, access)
+    if dashboard is not None:
+        add_page_routes(app, dashboard)
+        add_api_routes(app, dashboard)
+    return app
+
+
+def _authenticate(
+    access: Access, request: Request, *, admin: bool = False, scrape: bool = False
+) -> Device:
+    """The device a request's bearer token names (see :meth:`Access.authenticate`).
+
+    Raises:
+        Unauthenticated, PermissionDenied, RateLimited
+    """
+    token = parse_bearer(request.headers.get("authorization"))
+    return access.authenticate(token, admin=admin, scrape=scrape)
+
+
+def _add_error_handlers(app: FastAPI, plane: DataPlane) -> None:
+    """Every error as ``{"error": ...}`` with the status of the one table; nothing else
+    (no traceback) reaches a client."""
 
     async def known_error(request: Request, exc: Exception) -> JSONResponse:
         if status_of(exc).http >= 500:
@@ -142,11 +172,9 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
 
-    def authenticate(request: Request, *, admin: bool = False, scrape: bool = False) -> Device:
-        token = parse_bearer(request.headers.get("authorization"))
-        return access.authenticate(token, admin=admin, scrape=scrape)
 
-    # -- health (open) -------------------------------------------------------------------
+def _add_health_routes(app: FastAPI, plane: DataPlane, access: Access) -> None:
+    """Liveness and readiness (open to all), and the Prometheus metrics."""
 
     @app.get("/v2/health/live", summary="Server liveness")
     async def live() -> Response:
@@ -169,7 +197,7 @@ def create_app(
         public = plane.config.metrics_public
         operator = False
         if not public or "authorization" in request.headers:
-            operator = authenticate(request, scrape=True).role in ("admin", "metrics")
+            operator = _authenticate(access, request, scrape=True).role in ("admin", "metrics")
             if not (operator or public):
                 raise PermissionDenied(
                     "/metrics names the fleet's devices: it takes a metrics or an admin "
@@ -177,28 +205,33 @@ def create_app(
                 )
         return Response(plane.metrics.render(operator=operator), media_type=CONTENT_TYPE)
 
-    # -- metadata ---------------------------------------------------------------------------
+
+def _add_metadata_routes(app: FastAPI, plane: DataPlane, access: Access) -> None:
+    """The server's and the models' metadata and readiness, for any device."""
 
     @app.get("/v2", summary="Server metadata")
     async def server_metadata(request: Request) -> JSONResponse:
-        authenticate(request)
+        _authenticate(access, request)
         return JSONResponse(plane.server_metadata())
 
     @app.get("/v2/models/{name}", summary="Model metadata")
     @app.get("/v2/models/{name}/versions/{version}", summary="Model metadata of a version")
     async def model_metadata(request: Request, name: str, version: str = "") -> JSONResponse:
-        authenticate(request)
+        _authenticate(access, request)
         return JSONResponse(plane.model_metadata(name, version))
 
     @app.get("/v2/models/{name}/ready", summary="Model readiness")
     @app.get("/v2/models/{name}/versions/{version}/ready", summary="Model version readiness")
     async def model_ready(request: Request, name: str, version: str = "") -> Response:
-        authenticate(request)
+        _authenticate(access, request)
         if not plane.model_ready(name, version):
             raise Unavailable(f"model {name!r} is not ready")
         return Response(status_code=200)
 
-    # -- inference ---------------------------------------------------------------------------
+
+def _add_infer_routes(app: FastAPI, plane: DataPlane, access: Access) -> None:
+    """Inference, as the OpenAPI document describes it and a bare ASGI server runs it."""
+    max_body = plane.config.max_body_bytes
 
     @app.post("/v2/models/{name}/infer", summary="Inference", openapi_extra=_INFER_BODY)
     @app.post(
@@ -212,41 +245,37 @@ def create_app(
             plane, access, request.headers, lambda: read_body(request, max_body), name, version
         )
 
-    # -- repository (admin) ------------------------------------------------------------
+
+def _add_repository_routes(app: FastAPI, plane: DataPlane, access: Access) -> None:
+    """The model repository's index, load and unload: admin tokens only."""
 
     @app.post("/v2/repository/index", summary="Repository index")
     async def repository_index(request: Request) -> JSONResponse:
-        authenticate(request, admin=True)
+        _authenticate(access, request, admin=True)
         return JSONResponse(plane.repository.index())
 
     @app.post("/v2/repository/models/{name}/load", summary="Load a model")
     async def repository_load(request: Request, name: str) -> Response:
-        authenticate(request, admin=True)
+        _authenticate(access, request, admin=True)
         await plane.load(name)
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{name}/unload", summary="Unload a model")
     async def repository_unload(request: Request, name: str) -> Response:
-        authenticate(request, admin=True)
+        _authenticate(access, request, admin=True)
         await plane.unload(name)
         return Response(status_code=200)
 
-    if ota is not None:
-        add_ota_routes(app, ota, authenticate)
 
-    if telemetry is not None:
+def _add_telemetry_route(app: FastAPI, telemetry: TelemetryIngest, access: Access) -> None:
+    """A device's telemetry over HTTP, for a device with no broker."""
 
-        @app.post(
-            "/v2/telemetry",
-            summary="A device's telemetry, sent with its update checks when it has no broker",
-            openapi_extra=_TELEMETRY_BODY,
-        )
-        async def take_telemetry(request: Request) -> JSONResponse:
-            device = authenticate(request)
-            body = load_json(await read_body(request, MAX_PAYLOAD_BYTES), "the telemetry")
-            return JSONResponse({"kept": telemetry.offer_http(device.id, body)})
-
-    if dashboard is not None:
-        add_page_routes(app, dashboard)
-        add_api_routes(app, dashboard)
-    return app
+    @app.post(
+        "/v2/telemetry",
+        summary="A device's telemetry, sent with its update checks when it has no broker",
+        openapi_extra=_TELEMETRY_BODY,
+    )
+    async def take_telemetry(request: Request) -> JSONResponse:
+        device = _authenticate(access, request)
+        body = load_json(await read_body(request, MAX_PAYLOAD_BYTES), "the telemetry")
+        return JSONResponse({"kept": telemetry.offer_http(device.id, body)})
