@@ -437,6 +437,15 @@ def test_the_api_is_admin_only_bounded_and_in_the_openapi_document(
     assert not [p for p in paths if p.startswith("/ui")]
 
 
+def test_the_api_checks_who_asks_before_it_reads_the_query(gateway: GatewayHandle) -> None:
+    """A stranger's or a device's malformed query is refused for who sent it (401, 403),
+    never described to them (400): the admin check is the router's, ahead of the query."""
+    url = f"http://{gateway.http_url}"
+    for query in ("/api/fleet?size=201", "/api/fleet?page=0", "/api/actions?limit=x"):
+        assert httpx.get(f"{url}{query}").status_code == 401, query
+        assert httpx.get(f"{url}{query}", headers=gateway.headers()).status_code == 403, query
+
+
 def test_huge_and_unicode_numbers_are_400_on_the_telemetry_and_action_endpoints(
     gateway: GatewayHandle,
 ) -> None:

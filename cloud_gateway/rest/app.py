@@ -28,7 +28,7 @@ from cloud_gateway.access import Access
 from cloud_gateway.auth import Device, parse_bearer
 from cloud_gateway.dashboard.api import add_api_routes
 from cloud_gateway.dashboard.context import DashboardContext
-from cloud_gateway.dashboard.web import add_page_routes
+from cloud_gateway.dashboard.pages import add_page_routes
 from cloud_gateway.dataplane import DataPlane
 from cloud_gateway.fleet.ingest import TelemetryIngest
 from cloud_gateway.fleet.telemetry import MAX_PAYLOAD_BYTES, body_schema
