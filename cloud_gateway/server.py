@@ -27,7 +27,7 @@ import uvicorn
 from cloud_gateway import cpus
 from cloud_gateway.access import Access
 from cloud_gateway.auth import DeviceRegistry
-from cloud_gateway.config import GatewayConfig
+from cloud_gateway.config import GatewayConfig, ServerTLSSettings
 from cloud_gateway.dashboard.actions import Operations
 from cloud_gateway.dashboard.context import DashboardContext
 from cloud_gateway.dashboard.sessions import Sessions
@@ -105,6 +105,18 @@ PRUNE_INTERVAL_S = 60.0  # how often the history past its hours, old sign-ins an
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def _uvicorn_tls(tls: ServerTLSSettings | None) -> dict[str, Any]:
+    """uvicorn's settings for the REST front end's TLS (none without ``[tls]``)."""
+    if tls is None:
+        return {}
+    settings: dict[str, Any] = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
+    if tls.client_ca is not None:
+        settings["ssl_ca_certs"] = str(tls.client_ca)
+        if tls.require_client_cert:
+            settings["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+    return settings
 
 
 class Gateway:
@@ -188,40 +200,69 @@ class Gateway:
         return password
 
     async def start(self) -> None:
+        """Start serving, step by step: the ports first (a port in use is said at once,
+        not after loading every model), then the state, the models, the front ends.
+
+        Raises:
+            ConfigError: a port is in use or may not be bound, or the state database
+                cannot be used.
+        """
+        self._pin_front_ends()
+        sock, grpc_server, cap = await self._hold_ports()
+        self._watch_registry()
+        await self._load_models()
+        await grpc_server.start()
+        await self._serve_http(sock, cap)
         config = self.config
-        if config.inference_cpus is not None:
-            # the loop's thread, and the gRPC and uvicorn threads it starts, stay off
-            # the inference cores
-            front = cpus.others(config.inference_cpus)
-            cpus.pin(front)
-            log.info(
-                "inference on cores %s, the front ends on %s",
-                ",".join(map(str, config.inference_cpus)),
-                ",".join(map(str, sorted(front))),
-            )
-        # the ports first: a port in use is said at once, not after loading every model
-        limits = config.connections
+        log.info(
+            "listening on %s://%s:%d (REST) and %s:%d (gRPC%s)",
+            "https" if config.tls else "http",
+            config.host,
+            self.http_port,
+            config.host,
+            self.grpc_port,
+            ", TLS" if config.tls else "",
+        )
+        if self.mqtt is not None:
+            await self.mqtt.start()
+        loop = asyncio.get_running_loop()
+        if config.poll_interval_s > 0:
+            self._poll_task = loop.create_task(self._poll())
+        self._watch_tasks.append(loop.create_task(self._heard_loop()))
+        self._watch_tasks.append(loop.create_task(self._telemetry_loop()))
+
+    def _pin_front_ends(self) -> None:
+        """With ``inference_cpus``: the loop's thread, and the gRPC and uvicorn threads it
+        starts, stay off the inference cores."""
+        inference = self.config.inference_cpus
+        if inference is None:
+            return
+        front = cpus.others(inference)
+        cpus.pin(front)
+        log.info(
+            "inference on cores %s, the front ends on %s",
+            ",".join(map(str, inference)),
+            ",".join(map(str, sorted(front))),
+        )
+
+    async def _hold_ports(self) -> tuple[Listener, grpc.aio.Server, int]:
+        """Both ports bound and the state database opened; the REST socket, the gRPC
+        server (not yet started) and the connections each front end takes (within the
+        descriptors the process may open).
+
+        Raises:
+            ConfigError: a port is in use, or the state database cannot be used.
+        """
+        limits = self.config.connections
         limit = raise_descriptor_limit(3 * limits.max_connections + RESERVED_DESCRIPTORS)
         cap = connection_cap(limits.max_connections, limit)
         sock = self._listen_http()
         try:
-            self._grpc = self._grpc_server(cap)
+            self._grpc = server = self._grpc_server(cap)
             await asyncio.get_running_loop().run_in_executor(None, self._open_state)
         except BaseException:
             sock.close()
             raise
-        # the devices are read again in a thread of their own when they change: a
-        # revocation anywhere reaches this replica within a second, no request waits
-        self._registry_thread = threading.Thread(
-            target=self.registry.watch, args=(self._registry_stop,), name="registry", daemon=True
-        )
-        self._registry_thread.start()
-        await self.plane.refresh()
-        for remote in self.remotes:
-            await self._check(remote)
-            self._watch_tasks.append(asyncio.get_running_loop().create_task(self._watch(remote)))
-        loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
-        log.info("models loaded: %s", ", ".join(loaded) or "none")
         log.info(
             "at most %d connections on each front end (max_connections %d, descriptor limit %s); "
             "event loop %s",
@@ -230,8 +271,32 @@ class Gateway:
             limit or "none",
             loop_kind(asyncio.get_running_loop()),
         )
-        await self._grpc.start()
+        return sock, server, cap
 
+    def _watch_registry(self) -> None:
+        """The devices are read again in a thread of their own when they change: a
+        revocation anywhere reaches this replica within a second, no request waits."""
+        self._registry_thread = threading.Thread(
+            target=self.registry.watch, args=(self._registry_stop,), name="registry", daemon=True
+        )
+        self._registry_thread.start()
+
+    async def _load_models(self) -> None:
+        """The repository's models loaded, the remote engines checked and watched."""
+        await self.plane.refresh()
+        for remote in self.remotes:
+            await self._check(remote)
+            self._watch_tasks.append(asyncio.get_running_loop().create_task(self._watch(remote)))
+        loaded = [f"{m.package.qualified_name} ({m.variant})" for m in self.repository.loaded()]
+        log.info("models loaded: %s", ", ".join(loaded) or "none")
+
+    async def _serve_http(self, sock: Listener, cap: int) -> None:
+        """uvicorn serving the REST front end on ``sock``, once it has started.
+
+        Raises:
+            whatever stopped uvicorn while it started (a TLS file it cannot read).
+        """
+        limits = self.config.connections
         self.connections = ConnectionTracker(limits, cap, self.metrics)
         sock.on_exhausted = self.connections.exhausted
         self._undo.append(install_exhaustion_handler(asyncio.get_running_loop(), sock))
@@ -239,16 +304,6 @@ class Gateway:
         uvicorn_log = logging.getLogger("uvicorn.error")
         uvicorn_log.addFilter(thinning)
         self._undo.append(lambda: uvicorn_log.removeFilter(thinning))
-        tls_kwargs: dict[str, Any] = {}
-        if config.tls is not None:
-            tls_kwargs = {
-                "ssl_certfile": str(config.tls.cert),
-                "ssl_keyfile": str(config.tls.key),
-            }
-            if config.tls.client_ca is not None:
-                tls_kwargs["ssl_ca_certs"] = str(config.tls.client_ca)
-                if config.tls.require_client_cert:
-                    tls_kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED
         self._http = uvicorn.Server(
             uvicorn.Config(
                 # the inference route ahead of FastAPI
@@ -265,7 +320,7 @@ class Gateway:
                 proxy_headers=False,
                 lifespan="off",
                 timeout_graceful_shutdown=5,
-                **tls_kwargs,
+                **_uvicorn_tls(self.config.tls),
             )
         )
         self._http_task = asyncio.get_running_loop().create_task(self._http.serve(sockets=[sock]))
@@ -274,22 +329,6 @@ class Gateway:
                 await self._http_task  # raises the start-up error
                 raise RuntimeError("the HTTP server stopped while starting")
             await asyncio.sleep(0.01)
-        scheme = "https" if config.tls else "http"
-        log.info(
-            "listening on %s://%s:%d (REST) and %s:%d (gRPC%s)",
-            scheme,
-            config.host,
-            self.http_port,
-            config.host,
-            self.grpc_port,
-            ", TLS" if config.tls else "",
-        )
-        if self.mqtt is not None:
-            await self.mqtt.start()
-        if config.poll_interval_s > 0:
-            self._poll_task = asyncio.get_running_loop().create_task(self._poll())
-        self._watch_tasks.append(asyncio.get_running_loop().create_task(self._heard_loop()))
-        self._watch_tasks.append(asyncio.get_running_loop().create_task(self._telemetry_loop()))
 
     def _open_state(self) -> None:
         """The state database's schema brought up to date, the files of a gateway from
