@@ -15,18 +15,14 @@ twice as many as the last batch had up to 16 (past that, as many as it had), but
 never more rows of its shapes than the model held at once (queued, and in batches
 out) when its last few batches of them went (:func:`busy_target`).
 So a congested model's batches grow towards what its clients have in flight, and
-none waits for clients who are not there. Where the front end and the runtime share
-a few cores, running every small batch at once costs the runtime's per-batch
-overhead again and again and takes CPU from the front end (measured on 2 cores with
-the wide MLP, 64 gRPC clients and 20 ms, four alternating pairs: 3,560-3,972
-requests a second at 292-323 µs of CPU a request, where batches that waited only
-for as many rows as the last one had did 3,343-3,578 at 323-350). A lone
-client, whose last batch was itself, never waits; nor does a request that finds the
-model idle, so that traffic arriving at random (a fleet's devices) is not held
-waiting for companions that rarely come: with 150 requests a second at random and
-20 ms, the p90 was 20-23 ms with the wait on every small batch, 9 ms with it on
-these. While a batch waits, a request that cannot end the wait is queued without
-planning again.
+none waits for clients who are not there: where the front end and the runtime share
+a few cores, running every small batch at once pays the runtime's per-batch cost
+again and again and takes CPU from the front end. A lone client, whose last batch
+was itself, never waits; nor does a request that finds the model idle, so that
+traffic arriving at random (a fleet's devices) is not held waiting for companions
+that rarely come. While a batch waits, a request that cannot end the wait is queued
+without planning again. The measurements behind these rules are in
+docs/gateway.md (Dynamic batching) and docs/benchmarks/index.md.
 
 Each request keeps its own deadline: one that expires in the queue is failed
 alone and never run. Inputs are validated before they are queued, so a bad
@@ -99,43 +95,60 @@ def plan_batch(
     if not live:
         return Plan(expired=expired)
     head = queue[live[0]]
-    take: list[int] = []
-    rows = 0
-    sums: list[int] = []
-    full = False
-    for i in live:
-        item = queue[i]
-        if item.key != head.key:
-            continue
-        if take and rows + item.rows > config.max_batch_size:
-            full = True
-            break
-        take.append(i)
-        rows += item.rows
-        sums.append(rows)
-        if rows >= config.max_batch_size:
-            full = True
-            break
-    delay_us = config.max_queue_delay_us
-    sizes = [config.max_batch_size]  # reached, any of these changes the plan
-    if (
-        config.busy_delay_us
-        and last[0] > 1
-        and head.behind
-        and rows < min(last[1], config.max_batch_size)
-    ):
-        delay_us = max(delay_us, config.busy_delay_us)
-        sizes.append(last[1])
+    take, sums, full = _fill(queue, live, config.max_batch_size)
+    rows = sums[-1]
+    delay_us, sizes = _delay(head, rows, config, last)
     due = head.enqueued + delay_us / 1e6
     if full or now >= due:
         return Plan(expired=expired, take=take)
     target = max((p for p in config.preferred_batch_sizes if p <= rows), default=None)
     if target is not None and target in sums:
         return Plan(expired=expired, take=take[: sums.index(target) + 1])
-    deadlines = [queue[i].deadline for i in live if queue[i].deadline is not None]
-    wake = min([due, *[d for d in deadlines if d is not None]])
+    deadlines = [d for d in (queue[i].deadline for i in live) if d is not None]
     sizes += [p for p in config.preferred_batch_sizes if p > rows]
-    return Plan(expired=expired, wake_at=wake, more_rows=min(sizes) - rows)
+    return Plan(expired=expired, wake_at=min([due, *deadlines]), more_rows=min(sizes) - rows)
+
+
+def _fill(
+    queue: Sequence[Queued], live: list[int], max_rows: int
+) -> tuple[list[int], list[int], bool]:
+    """The batch of the oldest live request: the live requests of its shapes, oldest
+    first, whole, up to ``max_rows``. Their positions, the rows after each, and whether
+    the batch is full (no more rows would fit)."""
+    key = queue[live[0]].key
+    take: list[int] = []
+    sums: list[int] = []
+    rows = 0
+    for i in live:
+        item = queue[i]
+        if item.key != key:
+            continue
+        if take and rows + item.rows > max_rows:
+            return take, sums, True
+        take.append(i)
+        rows += item.rows
+        sums.append(rows)
+        if rows >= max_rows:
+            return take, sums, True
+    return take, sums, False
+
+
+def _delay(
+    head: Queued, rows: int, config: BatchingSettings, last: tuple[int, int]
+) -> tuple[int, list[int]]:
+    """How long the batch of ``head`` (``rows`` so far) may wait, in µs, and the sizes
+    that, reached, send it sooner: ``max_queue_delay_us``, or ``busy_delay_us`` for a
+    request that came while its model was busy, after a batch of several requests that
+    held more rows (module docstring)."""
+    if (
+        config.busy_delay_us
+        and last[0] > 1
+        and head.behind
+        and rows < min(last[1], config.max_batch_size)
+    ):
+        delay_us = max(config.max_queue_delay_us, config.busy_delay_us)
+        return delay_us, [config.max_batch_size, last[1]]
+    return config.max_queue_delay_us, [config.max_batch_size]
 
 
 def busy_target(rows: int, held: int) -> int:
@@ -145,11 +158,10 @@ def busy_target(rows: int, held: int) -> int:
     have in flight, at most ``held``: the most rows the model held at once (queued, and
     in batches out) when its last batches went, so that no batch waits for clients
     who are not there; and no more than :data:`GROW_UNTIL`, past which a batch waits
-    only for as many rows as the last one had. A batch that only ever waited for as
-    many kept whatever size congestion first gave it (3-6 requests of 64 gRPC clients
-    on 2 cores); doubling without the cap held batches for the whole delay, waiting
-    for rows that no client would send; doubling past 16 rows cost 64 HTTP clients,
-    whose batches were already 24-27, a tenth of their requests a second.
+    only for as many rows as the last one had. Waiting only for as many kept whatever
+    size congestion first gave a batch; doubling without the cap held batches for the
+    whole delay, waiting for rows that no client would send; doubling without the
+    limit cost clients whose batches were already large part of their throughput.
     """
     return max(rows, min(2 * rows, held, GROW_UNTIL))
 
@@ -197,10 +209,9 @@ class DynamicBatcher:
     at the queue at the end of the loop's turn (so that the requests of one turn go
     together), the batch goes to ``executor`` straight from there, and the thread
     that ran it hands the outputs back with one ``call_soon_threadsafe``, which
-    answers the batch's requests and looks at the queue again. Measured against a
-    batcher with a task that waited for work and a task per batch: one lone client's
-    request cost 69-90 against 118-143 µs of CPU on one core (the planner and the hop
-    to the thread included; a model that answers at once).
+    answers the batch's requests and looks at the queue again: a task that waits for
+    work and a task per batch cost each request the loop's scheduling several times
+    over (measured: docs/benchmarks/index.md).
 
     ``on_batch(rows, queue_seconds_list, compute_seconds)`` is called after each
     batch, for metrics. Up to ``max_inflight`` batches are out at once; batchers that
@@ -308,16 +319,7 @@ class DynamicBatcher:
         self._queue = [item for item in self._queue if not item.future.done()]
         if not self._queue:
             return False
-        # while closing, what is queued goes at once
-        config = (
-            replace(self.config, max_queue_delay_us=0, busy_delay_us=0)
-            if self._closed
-            else self.config
-        )
-        head = self._queue[0].meta.key  # only rows of its shapes can fill its batch
-        held = max((rows for key, rows in self._held if key == head), default=0)
-        last = (self._last[0], busy_target(self._last[1], held))
-        plan = plan_batch([item.meta for item in self._queue], self._clock(), config, last)
+        plan = self._plan()
         for index in plan.expired:
             self._resolve(
                 self._queue[index],
@@ -336,14 +338,32 @@ class DynamicBatcher:
             return False
         if not self._slots.take(self):
             return False  # pump() again when a slot is given back
-        batch = [self._queue[i] for i in plan.take]
+        self._send(plan.take)
+        return True
+
+    def _plan(self) -> Plan:
+        """:func:`plan_batch` over the queue now (while closing, what is queued goes at
+        once), with what the model's last batches say of its congestion."""
+        config = (
+            replace(self.config, max_queue_delay_us=0, busy_delay_us=0)
+            if self._closed
+            else self.config
+        )
+        head = self._queue[0].meta.key  # only rows of its shapes can fill its batch
+        held = max((rows for key, rows in self._held if key == head), default=0)
+        last = (self._last[0], busy_target(self._last[1], held))
+        return plan_batch([item.meta for item in self._queue], self._clock(), config, last)
+
+    def _send(self, take: list[int]) -> None:
+        """Out of the queue and to the executor: the requests at ``take``, one batch."""
+        batch = [self._queue[i] for i in take]
         key, rows = batch[0].meta.key, sum(item.meta.rows for item in batch)
         held = self._out_rows.get(key, 0) + sum(
             item.meta.rows
             for item in self._queue
             if item.meta.key == key and not item.future.done()  # those just expired
         )
-        taken = set(plan.take)
+        taken = set(take)
         self._queue = [item for i, item in enumerate(self._queue) if i not in taken]
         try:
             self._executor.submit(self._run, batch)
@@ -351,12 +371,11 @@ class DynamicBatcher:
             for item in batch:
                 self._resolve(item, exc)
             self._slots.give_back()
-            return True
+            return
         self._out += 1
         self._out_rows[key] = self._out_rows.get(key, 0) + rows
         self._held.append((key, held))
         self._last = (len(batch), rows)
-        return True
 
     def _run(self, batch: list[_Item]) -> None:
         """In the executor's thread: run the batch (one by one if it fails as a whole,
