@@ -81,46 +81,18 @@ class FleetViews:
         Raises:
             BadRequest: an unknown health, a page or size out of range.
         """
-        if state is not None and state not in HEALTH:
-            raise BadRequest(f"health must be one of {', '.join(HEALTH)}")
-        if not 1 <= size <= MAX_PAGE_SIZE:
-            raise BadRequest(f"size must be from 1 to {MAX_PAGE_SIZE}")
-        if not 1 <= page <= 1_000_000:
-            raise BadRequest("page must be from 1 to 1000000")
+        _check_query(state, page, size)
         now = self._clock()
-        statuses = self.fleet.statuses()
-        seen = self.rollouts.last_seen()
-        serving = self.rollouts.serving()
-        rows: list[dict[str, Any]] = []
+        rows = self._rows(now)
         counts = dict.fromkeys(HEALTH, 0)
-        groups: set[str] = set()
-        versions: set[tuple[str, int]] = set()
-        for device in self._devices():
-            status = statuses.get(device.id)
-            at, what = seen.get(device.id, (None, ""))
-            verdict = health(reading(status), at, now)
-            if device.revoked:
-                verdict = type(verdict)("offline", "offline: its token is revoked")
-            counts[verdict.state] += 1
-            groups.add(device.group)
-            models = self._models(status, serving.get(device.id, {}))
-            for m in models:
-                if isinstance(m["version"], int):
-                    versions.add((m["name"], m["version"]))
-            last = max(at or 0.0, (status or {}).get("at") or 0.0) or None
-            rows.append(
-                {
-                    "id": device.id,
-                    "group": device.group,
-                    "profile": (status or {}).get("profile") or "",
-                    "models": models,
-                    "health": verdict.state,
-                    "rule": verdict.rule,
-                    "last_seen": last,
-                    "heard_by": what or ((status or {}).get("source") or ""),
-                    "revoked": device.revoked,
-                }
-            )
+        for row in rows:
+            counts[row["health"]] += 1
+        versions = {
+            (m["name"], m["version"])
+            for row in rows
+            for m in row["models"]
+            if isinstance(m["version"], int)
+        }
         selected = [r for r in rows if _matches(r, group, model, state)]
         pages = max(1, -(-len(selected) // size))
         page = min(page, pages)
@@ -135,10 +107,54 @@ class FleetViews:
             "pages": pages,
             "size": size,
             "filters": {"group": group, "model": model, "health": state},
-            "groups": sorted(groups),
+            "groups": sorted({row["group"] for row in rows}),
             "model_versions": [f"{n}:{v}" for n, v in sorted(versions)],
             "devices": shown,
             "time": now,
+        }
+
+    def _rows(self, now: float) -> list[dict[str, Any]]:
+        """A row of the fleet list for every device (three reads, whatever the fleet)."""
+        statuses = self.fleet.statuses()
+        seen = self.rollouts.last_seen()
+        serving = self.rollouts.serving()
+        return [
+            self._row(
+                device,
+                statuses.get(device.id),
+                seen.get(device.id, (None, "")),
+                serving.get(device.id, {}),
+                now,
+            )
+            for device in self._devices()
+        ]
+
+    def _row(
+        self,
+        device: Device,
+        status: dict[str, Any] | None,
+        seen: tuple[float | None, str],
+        serving: dict[str, int],
+        now: float,
+    ) -> dict[str, Any]:
+        """One device's row: its health by the rule (offline once revoked), what it runs,
+        when and how it was last heard from."""
+        at, what = seen
+        verdict = health(reading(status), at, now)
+        if device.revoked:
+            verdict = type(verdict)("offline", "offline: its token is revoked")
+        known = status or {}
+        last = max(at or 0.0, known.get("at") or 0.0) or None
+        return {
+            "id": device.id,
+            "group": device.group,
+            "profile": known.get("profile") or "",
+            "models": self._models(status, serving),
+            "health": verdict.state,
+            "rule": verdict.rule,
+            "last_seen": last,
+            "heard_by": what or (known.get("source") or ""),
+            "revoked": device.revoked,
         }
 
     # -- Device ---------------------------------------------------------------------------
@@ -336,6 +352,16 @@ def _benchmark_ms(benchmark: Any) -> float | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return None
+
+
+def _check_query(state: str | None, page: int, size: int) -> None:
+    """Raises: BadRequest (an unknown health, a page or size out of range)."""
+    if state is not None and state not in HEALTH:
+        raise BadRequest(f"health must be one of {', '.join(HEALTH)}")
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise BadRequest(f"size must be from 1 to {MAX_PAGE_SIZE}")
+    if not 1 <= page <= 1_000_000:
+        raise BadRequest("page must be from 1 to 1000000")
 
 
 def _matches(row: dict[str, Any], group: str | None, model: str | None, state: str | None) -> bool:
