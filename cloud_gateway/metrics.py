@@ -46,9 +46,19 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class GatewayMetrics:
+    """Every series of one gateway, registered by concern (the exposition lists them in
+    this order)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._add_request_metrics(self.registry)
+        self._add_batching_metrics(self.registry)
+        self._add_fleet_metrics(self.registry)
+        self._add_connection_metrics(self.registry)
+        self._add_backend_metrics(self.registry)
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """Requests: by model, protocol and outcome, by device, and their time."""
         self.requests = Counter(
             "gateway_requests",
             "Inference requests by model, protocol and outcome (ok or the error kind).",
@@ -74,6 +84,9 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_batching_metrics(self, r: CollectorRegistry) -> None:
+        """The batches: their queue time, compute time and rows; the models loaded."""
         self.queue_seconds = Histogram(
             "gateway_queue_seconds",
             "Time a request waited in its model's batching queue.",
@@ -102,6 +115,9 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _add_fleet_metrics(self, r: CollectorRegistry) -> None:
+        """The fleet: MQTT requests dropped, announcements, telemetry, update reports
+        refused, dashboard sign-ins."""
         self.mqtt_dropped = Counter(
             "gateway_mqtt_dropped",
             "MQTT requests dropped unanswered (no valid token, response topic or correlation).",
@@ -141,6 +157,9 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _add_connection_metrics(self, r: CollectorRegistry) -> None:
+        """Clients' connections: requests whose client went away, the REST connections
+        open and closed, the listener's accept failures."""
         self.client_disconnects = Counter(
             "gateway_client_disconnects",
             "Requests whose client went away before their body was in.",
@@ -164,6 +183,8 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _add_backend_metrics(self, r: CollectorRegistry) -> None:
+        """What serves behind the front ends: the state database, the remote engines."""
         self.state_queries = Gauge(
             "gateway_state_queries",
             "Statements this gateway has run on the state database since it started.",
