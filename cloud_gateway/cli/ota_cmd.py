@@ -15,6 +15,12 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
+    _register_keys(commands)
+    _register_models(commands)
+    _register_ota(commands)
+
+
+def _register_keys(commands: Any) -> None:
     keys = commands.add_parser("keys", help="the update metadata's signing keys")
     key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     keys_init = key_commands.add_parser("init", help="create Ed25519 keys for the four roles")
@@ -36,6 +42,8 @@ def register(commands: Any) -> None:
     rotate.add_argument("--repository", type=Path, required=True, help="the OTA repository")
     rotate.set_defaults(run=_keys_rotate)
 
+
+def _register_models(commands: Any) -> None:
     models = commands.add_parser("models", help="publish models over the air")
     model_commands = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     publish = model_commands.add_parser("publish", help="encrypt, sign and publish a model version")
@@ -60,6 +68,8 @@ def register(commands: Any) -> None:
     withdraw.add_argument("--version", type=int, required=True)
     withdraw.set_defaults(run=_withdraw)
 
+
+def _register_ota(commands: Any) -> None:
     ota = commands.add_parser("ota", help="the OTA repository")
     ota_commands = ota.add_subparsers(dest="ota_command", metavar="ACTION", required=True)
     ota_init = ota_commands.add_parser(

@@ -14,6 +14,11 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
+    _register_serve(commands)
+    _register_bench(commands)
+
+
+def _register_serve(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve a model repository")
     serve.add_argument("--repository", type=Path, help="model repository directory")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
@@ -27,6 +32,8 @@ def register(commands: Any) -> None:
     )
     serve.set_defaults(run=_serve)
 
+
+def _register_bench(commands: Any) -> None:
     bench = commands.add_parser("bench", help="throughput and latency under concurrent load")
     bench.add_argument("--model", help="default: digits-heavy (with --peers: wide-mlp)")
     bench.add_argument(
