@@ -318,8 +318,18 @@ class RolloutStore:
                  "detail": detail[:500], "now": now, "grp": group, "variant": variant[:64],
                  "latency": latency_ms},
             )  # fmt: skip
+        if status not in FAILURES:
+            return None
+        return self._pause_if_failing(device, group, name, version, detail)
+
+    def _pause_if_failing(
+        self, device: str, group: str, name: str, version: int, detail: str
+    ) -> Rollout | None:
+        """After a failure ``device`` reported: pause the active rollout of ``name``
+        ``version`` to ``group`` if its slice's failures reach the threshold (one
+        conditional statement: of two replicas, one pauses it). The rollout if paused."""
         rollout = self.get(name, version, group)
-        if rollout is None or rollout.state != "active" or status not in FAILURES:
+        if rollout is None or rollout.state != "active":
             return None
         if not in_slice(device, name, rollout.percent):
             return None  # not sent this version by this rollout: not its evidence
