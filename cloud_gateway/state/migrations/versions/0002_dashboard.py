@@ -14,6 +14,7 @@ revision = "0002"
 down_revision = "0001"
 
 
+# one body, long: a migration is history, kept as it ran on every database since
 def upgrade() -> None:
     with op.batch_alter_table("reports") as batch:
         batch.add_column(sa.Column("variant", sa.String(64), nullable=False, server_default=""))
