@@ -1,11 +1,9 @@
 """A small HTTP/1.1 client on asyncio streams, for the remote backend's HTTP engines.
 
-Why not httpx: measured on one core against one engine, ``httpx.AsyncClient`` took
-about 1.4 ms of the gateway's CPU a request (its pool, its models of requests and
-responses), several times what the forwarded request itself costs; at 16 clients
-it lost half the engine's throughput. An engine speaks a narrow HTTP: a few request
-shapes, answers with ``Content-Length`` (or chunked), keep-alive. So this client
-does only that:
+Why not httpx: its pool and its models of requests and responses cost several times
+the forwarded request's own CPU (docs/benchmarks/index.md, "A remote engine"), and an
+engine speaks a narrow HTTP: a few request shapes, answers with ``Content-Length`` (or
+chunked), keep-alive. So this client does only that:
 
 - a pool of at most ``size`` keep-alive connections (the engine's
   ``max_in_flight``), opened as needed; a connection idle longer than

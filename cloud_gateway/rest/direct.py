@@ -2,10 +2,9 @@
 
 Through uvicorn, each request becomes a request-response cycle: a scope, an ASGI
 task, ``receive`` and ``send`` messages, a Starlette response sent in two parts. For
-the request a fleet sends all day that machinery cost measurably: with it left out, a
-gateway served 2,350-2,789 against 2,221-2,667 binary requests/s to 64 stock clients
-(three runs each, alternating with the code before) and added 0.014-0.097 ms less at
-p50 in front of an engine (one client, five rounds paired with the gateway before).
+the request a fleet sends all day that machinery costs measurably
+(docs/benchmarks/index.md, "Beside Triton and MLServer", has the figures before
+and after).
 
 So :class:`DirectInferProtocol` (uvicorn's httptools protocol, with the guard of
 :class:`~cloud_gateway.rest.connections.GuardedHttpProtocol`) takes a

@@ -5,9 +5,8 @@ day; every other route is rare. Through FastAPI, that one request paid for its
 middleware stack, the match against every route of the application (the update
 service's and the dashboard's too) and the solving of two path parameters as
 dependencies: under cProfile, as much of the gateway's time as authenticating,
-decoding, forwarding to an engine and encoding together. Answered here instead, the
-gateway served 1,751 against 1,266 JSON and 2,313 against 1,222 binary requests/s to
-64 stock clients in one run (``cloud-gateway bench --peers triton --baseline``).
+decoding, forwarding to an engine and encoding together (docs/benchmarks/index.md,
+"Beside Triton and MLServer", has the throughput before and after).
 
 So :class:`InferFront` sits in front of the application that uvicorn serves: it answers
 that route itself, with :func:`run_infer` (the same function the FastAPI route calls,
