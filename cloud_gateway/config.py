@@ -423,6 +423,75 @@ def _dashboard(fields: Fields) -> DashboardSettings:
     return config
 
 
+def _runtime(fields: Fields, base: RuntimeOptions) -> tuple[tuple[int, ...] | None, RuntimeOptions]:
+    """The cores inference is pinned to, if any, and the runtime's options: one runtime
+    thread per pinned core unless ``threads`` says otherwise."""
+    threads = fields.integer("threads", base.threads, minimum=1)
+    inference_cpus = None
+    if fields.has("inference_cpus"):
+        try:
+            inference_cpus = tuple(sorted(cpus.check(fields.int_list("inference_cpus"))))
+        except ConfigError as exc:
+            raise fields.fail("inference_cpus", str(exc)) from None
+        threads = threads if fields.has("threads") else len(inference_cpus)
+    spinning = fields.boolean("spinning", base.allow_spinning)
+    providers = tuple(fields.str_list("providers", list(base.providers)))
+    runtime = replace(base, threads=threads, providers=providers, allow_spinning=spinning)
+    return inference_cpus, runtime
+
+
+def _tls(fields: Fields, resolve: Callable[[str], Path]) -> ServerTLSSettings | None:
+    """``[tls]``, if given; a client CA is required when client certificates are."""
+    tls_fields = fields.table("tls", None)
+    if not fields.has("tls"):
+        return None
+    client_ca = tls_fields.string("client_ca", None)
+    tls = ServerTLSSettings(
+        cert=resolve(tls_fields.string("cert")),
+        key=resolve(tls_fields.string("key")),
+        client_ca=resolve(client_ca) if client_ca else None,
+        require_client_cert=tls_fields.boolean("require_client_cert", False),
+    )
+    if tls.require_client_cert and tls.client_ca is None:
+        raise tls_fields.fail("client_ca", "required when require_client_cert is true")
+    tls_fields.done()
+    return tls
+
+
+def _rate_limit(rate: Fields) -> RateLimitSettings:
+    config = RateLimitSettings(
+        requests_per_second=rate.number("requests_per_second", 0.0, minimum=0.0),
+        burst=rate.integer("burst", 0, minimum=0),
+    )
+    rate.done()
+    return config
+
+
+def _model_batching(models: Fields, batching: BatchingSettings) -> dict[str, BatchingSettings]:
+    """``[models.NAME.batching]``: a model's batching, over the gateway's."""
+    model_batching = {}
+    for name in models.names():
+        model = models.table(name)
+        model_batching[name] = _batching(model.table("batching", None), batching)
+        model.done()
+    models.done()
+    return model_batching
+
+
+def _mqtt_bridge(m: Fields, resolve: Callable[[str], Path]) -> MqttBridgeSettings:
+    """``[mqtt]``: the fleet's broker as every MQTT client reads it, and how often the
+    gateway announces its models there."""
+    shared = read_mqtt(m, resolve, username=GATEWAY_MQTT_USER)
+    mqtt = MqttBridgeSettings(
+        **{f.name: getattr(shared, f.name) for f in fields_of(shared)},
+        announce_interval_s=m.number(
+            "announce_interval_s", MqttBridgeSettings.announce_interval_s, minimum=0.1
+        ),
+    )
+    m.done()
+    return mqtt
+
+
 def load_config(
     path: Path | None, overrides: Overrides | None = None, *, reads: list[Read] | None = None
 ) -> GatewayConfig:
@@ -446,60 +515,16 @@ def load_config(
     repository = fields.string("repository", None)
     if repository is None and overrides.repository is None:
         raise fields.fail("repository", "missing (required, or give --repository)")
-    runtime = default.runtime
-    threads = fields.integer("threads", runtime.threads, minimum=1)
-    inference_cpus = None
-    if fields.has("inference_cpus"):
-        try:
-            inference_cpus = tuple(sorted(cpus.check(fields.int_list("inference_cpus"))))
-        except ConfigError as exc:
-            raise fields.fail("inference_cpus", str(exc)) from None
-        # by default, one runtime thread per inference core
-        threads = threads if fields.has("threads") else len(inference_cpus)
-    spinning = fields.boolean("spinning", runtime.allow_spinning)
-    providers = tuple(fields.str_list("providers", list(runtime.providers)))
-    tls_fields = fields.table("tls", None)
-    tls = None
-    if fields.has("tls"):
-        client_ca = tls_fields.string("client_ca", None)
-        tls = ServerTLSSettings(
-            cert=resolve(tls_fields.string("cert")),
-            key=resolve(tls_fields.string("key")),
-            client_ca=resolve(client_ca) if client_ca else None,
-            require_client_cert=tls_fields.boolean("require_client_cert", False),
-        )
-        if tls.require_client_cert and tls.client_ca is None:
-            raise tls_fields.fail("client_ca", "required when require_client_cert is true")
-        tls_fields.done()
-    rate = fields.table("rate_limit", None)
-    rate_limit = RateLimitSettings(
-        requests_per_second=rate.number("requests_per_second", 0.0, minimum=0.0),
-        burst=rate.integer("burst", 0, minimum=0),
-    )
-    rate.done()
+    inference_cpus, runtime = _runtime(fields, default.runtime)
+    tls = _tls(fields, resolve)
+    rate_limit = _rate_limit(fields.table("rate_limit", None))
     batching = _batching(fields.table("batching", None), default.batching)
-    model_batching = {}
-    models = fields.table("models", None)
-    for name in models.names():
-        model = models.table(name)
-        model_batching[name] = _batching(model.table("batching", None), batching)
-        model.done()
-    models.done()
+    model_batching = _model_batching(fields.table("models", None), batching)
     ota_repository = fields.string("ota_repository", None)
     metrics = fields.table("metrics", None)
     metrics_public = metrics.boolean("public", False)
     metrics.done()
-    mqtt = None
-    if fields.has("mqtt"):
-        m = fields.table("mqtt")
-        shared = read_mqtt(m, resolve, username=GATEWAY_MQTT_USER)
-        mqtt = MqttBridgeSettings(
-            **{f.name: getattr(shared, f.name) for f in fields_of(shared)},
-            announce_interval_s=m.number(
-                "announce_interval_s", MqttBridgeSettings.announce_interval_s, minimum=0.1
-            ),
-        )
-        m.done()
+    mqtt = _mqtt_bridge(fields.table("mqtt"), resolve) if fields.has("mqtt") else None
     config = GatewayConfig(
         repository=resolve(repository) if repository else Path("."),
         state_dir=resolve(fields.string("state_dir", str(default.state_dir))),
@@ -510,7 +535,7 @@ def load_config(
         max_body_bytes=fields.integer("max_body_bytes", default.max_body_bytes, minimum=1024),
         workers=fields.integer("workers", default.workers, minimum=1),
         inference_cpus=inference_cpus,
-        runtime=replace(runtime, threads=threads, providers=providers, allow_spinning=spinning),
+        runtime=runtime,
         precisions=tuple(
             fields.str_list("precisions", list(default.precisions), choices=PRECISIONS)
         ),
