@@ -26,12 +26,13 @@ Order of precedence, strongest first:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from edge_agent.policy.reasons import Reason
-from edge_agent.policy.rules import PolicyRules
+from edge_agent.policy.rules import ModelRule, PolicyRules
 
 __all__ = ["Action", "Decision", "RequestFacts", "decide", "expected_local_ms"]
 
@@ -95,11 +96,83 @@ class Decision:
         return out
 
 
-def _fits(estimate: float | None, facts: RequestFacts, rules: PolicyRules) -> bool | None:
-    """Whether an estimate fits the deadline (``None``: no estimate or no deadline)."""
-    if estimate is None or facts.deadline_ms is None:
-        return None
-    return estimate + rules.deadline_margin_ms <= facts.deadline_ms
+@dataclass(frozen=True)
+class _Request:
+    """One request as the rules see it: its facts, the rules, and what follows from them."""
+
+    facts: RequestFacts
+    rules: PolicyRules
+    rule: ModelRule
+    label: str  # the effective label
+    leave: str  # what the label lets leave: free, redact or local
+    found: str  # the findings, as the end of a phrase: " (faces found)"
+    local_blocked: bool  # above the critical temperature, with no local work allowed then
+    local_ok: bool  # the device can run the model now
+    local_ms: float | None  # the local time this request can expect
+
+    @classmethod
+    def of(cls, facts: RequestFacts, rules: PolicyRules) -> _Request:
+        rule = rules.rule(facts.model)
+        label = rules.effective_label(facts.label, set(facts.findings))
+        local_blocked = facts.critical and not rules.local_when_critical
+        return cls(
+            facts=facts,
+            rules=rules,
+            rule=rule,
+            label=label,
+            leave=rules.leave_mode(label),
+            found=f" ({', '.join(sorted(facts.findings))} found)" if facts.findings else "",
+            local_blocked=local_blocked,
+            local_ok=(
+                rule.placement != "cloud"
+                and facts.on_device
+                and facts.fits_memory
+                and not local_blocked
+            ),
+            local_ms=expected_local_ms(facts),
+        )
+
+    @property
+    def answers_locally(self) -> bool:
+        """Whether a local answer exists (escalating) or can be made: the stand-in
+        when the cloud is not taken."""
+        return self.local_ok or self.facts.local_confidence is not None
+
+    def fits(self, estimate: float | None) -> bool | None:
+        """Whether an estimate fits the deadline (``None``: no estimate or no deadline)."""
+        if estimate is None or self.facts.deadline_ms is None:
+            return None
+        return estimate + self.rules.deadline_margin_ms <= self.facts.deadline_ms
+
+    def answer(
+        self, action: Action, reason: str, message: str, model: str | None = None
+    ) -> Decision:
+        """The decision, armed to escalate when it runs locally before the local answer
+        is known and the model has a cloud model to escalate to."""
+        escalate = (
+            action == Action.LOCAL and self.facts.local_confidence is None and self.rule.escalate_to
+        )
+        return Decision(
+            action=action,
+            reason=reason,
+            message=message + _missing_estimates(self.facts, self.local_ok),
+            model=model or self.facts.model,
+            label=self.label,
+            escalate_below=self.rule.escalate_below if escalate else None,
+            escalate_to=self.rule.escalate_to if escalate else None,
+        )
+
+
+@dataclass(frozen=True)
+class _CloudCase:
+    """Why the cloud would serve a request better than the device."""
+
+    reason: str
+    message: str
+    # a preference rather than a necessity: it yields to a deadline the cloud would miss,
+    # and to a device with no gateway
+    soft: bool = False
+    model: str | None = None  # the model that answers in the cloud (default: the one asked)
 
 
 def expected_local_ms(facts: RequestFacts) -> float | None:
@@ -131,163 +204,257 @@ def _missing_estimates(facts: RequestFacts, local_ok: bool) -> str:
 
 
 def decide(facts: RequestFacts, rules: PolicyRules) -> Decision:
-    """Where this request runs, and why."""
-    rule = rules.rule(facts.model)
-    label = rules.effective_label(facts.label, set(facts.findings))
-    leave = rules.leave_mode(label)
-    found = f" ({', '.join(sorted(facts.findings))} found)" if facts.findings else ""
-    local_blocked = facts.critical and not rules.local_when_critical
-    local_ok = (
-        rule.placement != "cloud" and facts.on_device and facts.fits_memory and not local_blocked
-    )
-    local_ms = expected_local_ms(facts)
+    """Where this request runs, and why: the first rule that speaks, in the order of
+    precedence of this module's docstring.
 
-    def make(action: Action, reason: str, message: str, model: str | None = None) -> Decision:
-        escalate = action == Action.LOCAL and facts.local_confidence is None and rule.escalate_to
-        return Decision(
-            action=action,
-            reason=reason,
-            message=message + _missing_estimates(facts, local_ok),
-            model=model or facts.model,
-            label=label,
-            escalate_below=rule.escalate_below if escalate else None,
-            escalate_to=rule.escalate_to if escalate else None,
-        )
-
-    # 1-3: does the cloud serve this request better, and why?
-    target = facts.model
-    cloud_reason: str | None = None
-    cloud_message = ""
-    soft = False  # a preference rather than a necessity
+    Why the cloud would be better is asked first (steps 2-3); what may leave
+    (step 1) and whether the cloud is reachable (step 4) then decide whether
+    it goes there: a request nothing sends to the cloud needs neither.
+    """
+    request = _Request.of(facts, rules)
+    case: Decision | _CloudCase | None
     if facts.local_confidence is not None:
-        if rule.escalate_to is None or rule.escalate_below is None:
-            return make(
-                Action.LOCAL, Reason.NO_ESCALATION, "the model has no cloud model to escalate to"
-            )
-        if facts.local_confidence >= rule.escalate_below:
-            return make(
-                Action.LOCAL,
-                Reason.CONFIDENT,
-                f"the local answer's confidence {facts.local_confidence:.2f} meets the "
-                f"threshold {rule.escalate_below:.2f}",
-            )
-        target = rule.escalate_to
-        cloud_reason, soft = Reason.LOW_CONFIDENCE, True
-        cloud_message = (
-            f"the local answer's confidence {facts.local_confidence:.2f} is below "
-            f"{rule.escalate_below:.2f}: the cloud's {target} answers"
-        )
-    elif rule.placement == "device":
-        if local_ok:
-            return make(Action.LOCAL, Reason.DEVICE_ONLY, f"{facts.model} runs on the device only")
-        return make(
-            Action.REJECT,
-            Reason.DEVICE_ONLY_UNAVAILABLE,
-            f"{facts.model} may run on the device only, and the device cannot run it now"
-            + (" (above its critical temperature)" if local_blocked else ""),
-        )
-    elif rule.placement == "cloud":
-        cloud_reason, cloud_message = Reason.CLOUD_ONLY, f"{facts.model} runs in the cloud only"
-    elif not facts.on_device:
-        cloud_reason, cloud_message = (
-            Reason.NOT_ON_DEVICE,
-            f"the device does not have {facts.model}",
-        )
-    elif not facts.fits_memory:
-        cloud_reason = Reason.EXCEEDS_MEMORY_BUDGET
-        cloud_message = f"{facts.model} does not fit the device's memory budget"
-    elif local_blocked:
-        cloud_reason = Reason.THERMAL_CRITICAL
-        cloud_message = "the device is above its critical temperature: no local work"
-    elif facts.throttled and rules.offload_when_throttled:
-        cloud_reason, soft = Reason.THERMAL_THROTTLED, True
-        cloud_message = "the device is throttling for heat"
-    elif facts.cpu_load is not None and facts.cpu_load > rules.max_cpu_load:
-        cloud_reason, soft = Reason.CPU_OVERLOADED, True
-        cloud_message = f"the CPU load {facts.cpu_load:.2f} is above {rules.max_cpu_load:.2f}"
-    elif _fits(local_ms, facts, rules) is False and _fits(facts.remote_ms, facts, rules):
-        queue = (
-            f" ({facts.local_queue} ahead, ~{facts.local_ms:.1f} ms each)"
-            if facts.local_queue > 0
-            else ""
-        )
-        cloud_reason = Reason.DEADLINE_LOCAL_TOO_SLOW
-        cloud_message = (
-            f"locally ~{local_ms:.1f} ms{queue} would miss the {facts.deadline_ms:.1f} ms "
-            f"deadline; the cloud takes ~{facts.remote_ms:.1f} ms"
-        )
-    elif rules.prefer == "cloud" and _fits(facts.remote_ms, facts, rules) is not False:
-        cloud_reason, soft = Reason.PREFER_CLOUD, True
-        cloud_message = "the policy prefers the cloud"
-
-    if cloud_reason is None:
-        return make(
+        case = _escalation(request, facts.local_confidence)
+    elif request.rule.placement == "device":
+        return _device_only(request)
+    else:
+        case = next(filter(None, (why(request) for why in _CLOUD_RULES)), None)
+    if isinstance(case, Decision):
+        return case
+    if case is None:
+        return request.answer(
             Action.LOCAL, Reason.PREFER_LOCAL, "the device answers (the policy prefers local)"
         )
+    for gate in _GATES:
+        decision = gate(request, case)
+        if decision is not None:
+            return decision
+    return _offload(request, case)
 
-    # 1: may it leave at all?
-    if leave == "local":
-        if facts.local_confidence is not None:
-            return make(
-                Action.LOCAL,
-                Reason.STAYS_ON_DEVICE,
-                f"the request is '{label}'{found}: it may not leave the device, so the local "
-                "answer stands",
-            )
-        if local_ok:
-            return make(
-                Action.LOCAL,
-                Reason.STAYS_ON_DEVICE,
-                f"{cloud_message}, but the request is '{label}'{found} and may not leave the "
-                "device",
-            )
-        return make(
-            Action.REJECT,
-            Reason.MAY_NOT_LEAVE,
-            f"{cloud_message}, but the request is '{label}'{found} and may not leave the device",
+
+# -- steps 2-3: where the model can run, and why the cloud would be better ------------------
+
+
+def _escalation(request: _Request, confidence: float) -> Decision | _CloudCase:
+    """After the local run (``confidence``: the local answer's top probability): an
+    answer below the model's threshold goes to the cloud's heavier model (joint
+    inference); one that meets it, or of a model with none, stands."""
+    rule = request.rule
+    if rule.escalate_to is None or rule.escalate_below is None:
+        return request.answer(
+            Action.LOCAL, Reason.NO_ESCALATION, "the model has no cloud model to escalate to"
         )
-    if not facts.gateway:
-        if soft and (local_ok or facts.local_confidence is not None):
-            return make(
-                Action.LOCAL, Reason.NO_GATEWAY, f"{cloud_message}, but this device has no gateway"
-            )
-        return make(
-            Action.REJECT,
-            Reason.NO_GATEWAY,
-            f"{cloud_message}, but this device has no gateway to send it to",
-        )
-    # a preference for the cloud yields to a deadline the cloud would miss
-    if (
-        soft
-        and _fits(facts.remote_ms, facts, rules) is False
-        and (local_ok or facts.local_confidence is not None)
-    ):
-        return make(
+    if confidence >= rule.escalate_below:
+        return request.answer(
             Action.LOCAL,
-            Reason.DEADLINE_REMOTE_TOO_SLOW,
-            f"{cloud_message}, but the cloud's ~{facts.remote_ms:.1f} ms would miss the "
-            f"{facts.deadline_ms:.1f} ms deadline",
+            Reason.CONFIDENT,
+            f"the local answer's confidence {confidence:.2f} meets the "
+            f"threshold {rule.escalate_below:.2f}",
         )
-    # 4: is the cloud reachable?
-    if not facts.online or facts.breaker_open:
-        why = "the device is offline" if not facts.online else "the circuit breaker is open"
-        reason = Reason.OFFLINE if not facts.online else Reason.BREAKER_OPEN
-        if local_ok or facts.local_confidence is not None:
-            return make(
-                Action.LOCAL_DEGRADED,
-                reason,
-                f"{cloud_message}, but {why}: the local model answers, marked degraded",
-            )
-        return make(
-            Action.REJECT,
-            Reason.CLOUD_UNREACHABLE,
-            f"{cloud_message}, but {why} and it cannot run here",
+    return _CloudCase(
+        Reason.LOW_CONFIDENCE,
+        f"the local answer's confidence {confidence:.2f} is below "
+        f"{rule.escalate_below:.2f}: the cloud's {rule.escalate_to} answers",
+        soft=True,
+        model=rule.escalate_to,
+    )
+
+
+def _device_only(request: _Request) -> Decision:
+    """A model placed on the device runs there or nowhere: it never leaves, whatever
+    the device's state."""
+    model = request.facts.model
+    if request.local_ok:
+        return request.answer(Action.LOCAL, Reason.DEVICE_ONLY, f"{model} runs on the device only")
+    return request.answer(
+        Action.REJECT,
+        Reason.DEVICE_ONLY_UNAVAILABLE,
+        f"{model} may run on the device only, and the device cannot run it now"
+        + (" (above its critical temperature)" if request.local_blocked else ""),
+    )
+
+
+def _placed_in_the_cloud(request: _Request) -> _CloudCase | None:
+    """A model placed in the cloud runs there."""
+    if request.rule.placement != "cloud":
+        return None
+    return _CloudCase(Reason.CLOUD_ONLY, f"{request.facts.model} runs in the cloud only")
+
+
+def _not_on_the_device(request: _Request) -> _CloudCase | None:
+    """The device has no variant of the model it can run."""
+    if request.facts.on_device:
+        return None
+    return _CloudCase(Reason.NOT_ON_DEVICE, f"the device does not have {request.facts.model}")
+
+
+def _over_the_memory_budget(request: _Request) -> _CloudCase | None:
+    """The model does not fit the memory the device profile allows."""
+    if request.facts.fits_memory:
+        return None
+    return _CloudCase(
+        Reason.EXCEEDS_MEMORY_BUDGET,
+        f"{request.facts.model} does not fit the device's memory budget",
+    )
+
+
+def _above_critical_temperature(request: _Request) -> _CloudCase | None:
+    """Above the critical temperature, no local work (unless the policy allows it)."""
+    if not request.local_blocked:
+        return None
+    return _CloudCase(
+        Reason.THERMAL_CRITICAL, "the device is above its critical temperature: no local work"
+    )
+
+
+def _throttling(request: _Request) -> _CloudCase | None:
+    """A device throttling for heat sends away what may leave, where the policy says so."""
+    if not (request.facts.throttled and request.rules.offload_when_throttled):
+        return None
+    return _CloudCase(Reason.THERMAL_THROTTLED, "the device is throttling for heat", soft=True)
+
+
+def _cpu_overloaded(request: _Request) -> _CloudCase | None:
+    """A CPU loaded past the policy's limit sends away what may leave."""
+    load, limit = request.facts.cpu_load, request.rules.max_cpu_load
+    if load is None or load <= limit:
+        return None
+    return _CloudCase(
+        Reason.CPU_OVERLOADED, f"the CPU load {load:.2f} is above {limit:.2f}", soft=True
+    )
+
+
+def _too_slow_here(request: _Request) -> _CloudCase | None:
+    """The local estimate (the queue ahead included) misses the deadline, and the
+    cloud's fits it."""
+    facts = request.facts
+    if request.fits(request.local_ms) is not False or not request.fits(facts.remote_ms):
+        return None
+    queue = (
+        f" ({facts.local_queue} ahead, ~{facts.local_ms:.1f} ms each)"
+        if facts.local_queue > 0
+        else ""
+    )
+    return _CloudCase(
+        Reason.DEADLINE_LOCAL_TOO_SLOW,
+        f"locally ~{request.local_ms:.1f} ms{queue} would miss the {facts.deadline_ms:.1f} ms "
+        f"deadline; the cloud takes ~{facts.remote_ms:.1f} ms",
+    )
+
+
+def _cloud_preferred(request: _Request) -> _CloudCase | None:
+    """The policy prefers the cloud, unless the cloud's estimate misses the deadline."""
+    if request.rules.prefer != "cloud" or request.fits(request.facts.remote_ms) is False:
+        return None
+    return _CloudCase(Reason.PREFER_CLOUD, "the policy prefers the cloud", soft=True)
+
+
+# before the local run, in order: the first that speaks is why the cloud would be better
+_CLOUD_RULES: tuple[Callable[[_Request], _CloudCase | None], ...] = (
+    _placed_in_the_cloud,
+    _not_on_the_device,
+    _over_the_memory_budget,
+    _above_critical_temperature,
+    _throttling,
+    _cpu_overloaded,
+    _too_slow_here,
+    _cloud_preferred,
+)
+
+
+# -- steps 1 and 4: whether a request the cloud would serve better goes there ---------------
+
+
+def _label_keeps_it_here(request: _Request, case: _CloudCase) -> Decision | None:
+    """Data whose label says ``local`` never leaves: the local answer stands, or the
+    device answers, or no one does."""
+    if request.leave != "local":
+        return None
+    label, found = request.label, request.found
+    if request.facts.local_confidence is not None:
+        return request.answer(
+            Action.LOCAL,
+            Reason.STAYS_ON_DEVICE,
+            f"the request is '{label}'{found}: it may not leave the device, so the local "
+            "answer stands",
         )
-    if leave == "redact":
-        return make(
+    if request.local_ok:
+        return request.answer(
+            Action.LOCAL,
+            Reason.STAYS_ON_DEVICE,
+            f"{case.message}, but the request is '{label}'{found} and may not leave the device",
+        )
+    return request.answer(
+        Action.REJECT,
+        Reason.MAY_NOT_LEAVE,
+        f"{case.message}, but the request is '{label}'{found} and may not leave the device",
+    )
+
+
+def _no_gateway(request: _Request, case: _CloudCase) -> Decision | None:
+    """A device with no gateway keeps a preference local, not degraded; a necessity
+    gets a clear refusal."""
+    if request.facts.gateway:
+        return None
+    if case.soft and request.answers_locally:
+        return request.answer(
+            Action.LOCAL, Reason.NO_GATEWAY, f"{case.message}, but this device has no gateway"
+        )
+    return request.answer(
+        Action.REJECT,
+        Reason.NO_GATEWAY,
+        f"{case.message}, but this device has no gateway to send it to",
+    )
+
+
+def _cloud_too_slow(request: _Request, case: _CloudCase) -> Decision | None:
+    """A preference for the cloud yields to a deadline the cloud would miss."""
+    facts = request.facts
+    if not (case.soft and request.fits(facts.remote_ms) is False and request.answers_locally):
+        return None
+    return request.answer(
+        Action.LOCAL,
+        Reason.DEADLINE_REMOTE_TOO_SLOW,
+        f"{case.message}, but the cloud's ~{facts.remote_ms:.1f} ms would miss the "
+        f"{facts.deadline_ms:.1f} ms deadline",
+    )
+
+
+def _cloud_unreachable(request: _Request, case: _CloudCase) -> Decision | None:
+    """Offline or behind an open circuit breaker, a request that wanted the cloud
+    runs locally, marked degraded, or gets a clear refusal."""
+    facts = request.facts
+    if facts.online and not facts.breaker_open:
+        return None
+    why = "the device is offline" if not facts.online else "the circuit breaker is open"
+    if request.answers_locally:
+        return request.answer(
+            Action.LOCAL_DEGRADED,
+            Reason.OFFLINE if not facts.online else Reason.BREAKER_OPEN,
+            f"{case.message}, but {why}: the local model answers, marked degraded",
+        )
+    return request.answer(
+        Action.REJECT, Reason.CLOUD_UNREACHABLE, f"{case.message}, but {why} and it cannot run here"
+    )
+
+
+# in order: the first that speaks keeps the request from the cloud
+_GATES: tuple[Callable[[_Request, _CloudCase], Decision | None], ...] = (
+    _label_keeps_it_here,
+    _no_gateway,
+    _cloud_too_slow,
+    _cloud_unreachable,
+)
+
+
+def _offload(request: _Request, case: _CloudCase) -> Decision:
+    """The cloud answers: from a redacted copy when the label says ``redact``."""
+    if request.leave == "redact":
+        return request.answer(
             Action.OFFLOAD_REDACTED,
-            cloud_reason,
-            f"{cloud_message}; the request is '{label}'{found}, so only a redacted copy leaves",
-            target,
+            case.reason,
+            f"{case.message}; the request is '{request.label}'{request.found}, so only a "
+            "redacted copy leaves",
+            case.model,
         )
-    return make(Action.OFFLOAD, cloud_reason, cloud_message, target)
+    return request.answer(Action.OFFLOAD, case.reason, case.message, case.model)
