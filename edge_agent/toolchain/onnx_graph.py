@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -191,34 +192,66 @@ def _attribute(node: Any, name: str, default: Any) -> Any:
     return default
 
 
-def _macs(node: Any, shape: Any) -> int:
-    """Multiply-accumulates of the linear operators (``shape``: a tensor name's shape)."""
-    op, ins, out = node.op_type, list(node.input), shape(node.output[0])
-    if out is None:
+def _weight(node: Any, shape: Any) -> Any:
+    """A convolution's weight shape (``QLinearConv`` takes it fourth, after the input's
+    scale and zero point)."""
+    return shape(node.input[3] if node.op_type == "QLinearConv" else node.input[1])
+
+
+def _conv_macs(node: Any, shape: Any, out: tuple[int, ...]) -> int:
+    """Output positions × ``c_out`` × ``k_h·k_w·c_in/g``: the seed's ``k_h·k_w·c_in·c_out/g``
+    per output position."""
+    weight = _weight(node, shape)
+    return _size(out) * _size(weight[1:]) if weight else 0
+
+
+def _conv_transpose_macs(node: Any, shape: Any, out: tuple[int, ...]) -> int:
+    """Every input element spread over the weight's ``c_out/g·k_h·k_w`` outputs."""
+    x, weight = shape(node.input[0]), shape(node.input[1])
+    return _size(x) * _size(weight[1:]) if x and weight else 0
+
+
+def _gemm_macs(node: Any, shape: Any, out: tuple[int, ...]) -> int:
+    """The inner dimension of ``A`` (transposed or not) per output element."""
+    a = shape(node.input[0])
+    if not a:
         return 0
-    if op in ("Conv", "ConvInteger", "QLinearConv"):
-        weight = shape(ins[3] if op == "QLinearConv" else ins[1])
-        # output positions x c_out x (k_h k_w c_in / g): the seed's k_h k_w c_in c_out / g
-        return _size(out) * _size(weight[1:]) if weight else 0
-    if op == "ConvTranspose":
-        x, weight = shape(ins[0]), shape(ins[1])
-        return _size(x) * _size(weight[1:]) if x and weight else 0
-    if op == "Gemm":
-        a = shape(ins[0])
-        if not a:
-            return 0
-        return _size(out) * int(a[0 if _attribute(node, "transA", 0) else 1])
-    if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
-        a = shape(ins[0])
-        return _size(out) * a[-1] if a else 0
-    return 0
+    return _size(out) * int(a[0 if _attribute(node, "transA", 0) else 1])
+
+
+def _matmul_macs(node: Any, shape: Any, out: tuple[int, ...]) -> int:
+    """The left operand's last dimension per output element."""
+    a = shape(node.input[0])
+    return _size(out) * a[-1] if a else 0
+
+
+# the linear operators, by op type: their multiply-accumulates from the graph's shapes
+# (``shape``: a tensor name's shape) and their output's shape
+_MACS: dict[str, Callable[[Any, Any, tuple[int, ...]], int]] = {
+    "Conv": _conv_macs,
+    "ConvInteger": _conv_macs,
+    "QLinearConv": _conv_macs,
+    "ConvTranspose": _conv_transpose_macs,
+    "Gemm": _gemm_macs,
+    "MatMul": _matmul_macs,
+    "MatMulInteger": _matmul_macs,
+    "QLinearMatMul": _matmul_macs,
+}
+
+
+def _macs(node: Any, shape: Any) -> int:
+    """Multiply-accumulates of the linear operators (``shape``: a tensor name's shape);
+    none where the output's shape is unknown."""
+    out = shape(node.output[0])
+    handler = _MACS.get(node.op_type)
+    return handler(node, shape, out) if handler is not None and out is not None else 0
 
 
 def _depthwise(node: Any, shape: Any) -> bool:
     """Whether ``node`` is a depthwise convolution: one input channel a group."""
     if node.op_type not in ("Conv", "ConvInteger", "QLinearConv"):
         return False
-    weight = shape(node.input[3] if node.op_type == "QLinearConv" else node.input[1])
+    weight = _weight(node, shape)
     return bool(weight) and len(weight) > 1 and weight[1] == 1 and _attribute(node, "group", 1) > 1
 
 
@@ -239,6 +272,103 @@ def _flops(node: Any, macs: int, shape: Any) -> int:
     return out
 
 
+@dataclass(frozen=True)
+class _Graph:
+    """An inferred graph as the counting sees it: each tensor's type and shape, its
+    producer and its consumers, and which tensors are weights."""
+
+    graph: Any
+    types: dict[str, tuple[np.dtype[Any], tuple[int, ...] | None]]
+    constants: set[str]  # initializers and Constant outputs
+    producer: dict[str, Any]
+    consumers: dict[str, list[Any]]
+
+    @classmethod
+    def of(cls, model: Any) -> _Graph:
+        graph = model.graph
+        consumers: dict[str, list[Any]] = {}
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
+        return cls(
+            graph=graph,
+            types=_types(model),
+            constants={init.name for init in graph.initializer}
+            | {n.output[0] for n in graph.node if n.op_type == "Constant"},
+            producer={name: node for node in graph.node for name in node.output},
+            consumers=consumers,
+        )
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return self.types.get(name, (None, None))[1]
+
+    def _made_by(self, name: str, op_type: str) -> Any:
+        """The node that makes ``name`` if it is an ``op_type``, else ``None``."""
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def itemsize(self, name: str) -> int:
+        """Bytes per element as the runtime holds it (8-bit between fused Q/DQ)."""
+        dequantize = self._made_by(name, "DequantizeLinear")
+        if dequantize is not None:
+            return self.itemsize(dequantize.input[0])
+        users = self.consumers.get(name, [])
+        if users and all(u.op_type == "QuantizeLinear" for u in users):
+            return self.itemsize(users[0].output[0])
+        dtype = self.types.get(name, (None, None))[0]
+        return dtype.itemsize if dtype is not None else 0
+
+    def nbytes(self, name: str) -> int:
+        return _size(self.shape(name)) * self.itemsize(name)
+
+    def is_weight(self, name: str) -> bool:
+        """An initializer or a constant, or the dequantized copy of one."""
+        dequantize = self._made_by(name, "DequantizeLinear")
+        if dequantize is not None:
+            return dequantize.input[0] in self.constants
+        return name in self.constants
+
+    def precision(self, node: Any) -> str:
+        """``int8`` for an integer kernel, a Q/DQ node or a node fed by a
+        ``DequantizeLinear`` (ONNX Runtime fuses it); else its output's float type."""
+        quantized = node.op_type in INTEGER_OPS or any(
+            self._made_by(n, "DequantizeLinear") is not None for n in node.input
+        )
+        out_dtype = self.types.get(node.output[0], (None, None))[0] if node.output else None
+        return (
+            "int8" if quantized or node.op_type in QDQ
+            else "fp16" if out_dtype == np.float16
+            else "fp32"
+        )  # fmt: skip
+
+
+def _node_figures(graph: _Graph, node: Any) -> OpFigures:
+    """One node's figures; a view, a folded constant or a fused Q/DQ costs nothing."""
+    name, precision = node.name or node.output[0], graph.precision(node)
+    if node.op_type in FREE:
+        return OpFigures(name=name, op_type=node.op_type, precision=precision, fused=True)
+    params = weight_bytes = input_bytes = 0
+    for tensor in filter(None, node.input):
+        if graph.is_weight(tensor):
+            params += _size(graph.shape(tensor))
+            weight_bytes += graph.nbytes(tensor)
+        else:
+            input_bytes += graph.nbytes(tensor)
+    macs = _macs(node, graph.shape)
+    return OpFigures(
+        name=name,
+        op_type=node.op_type,
+        precision=precision,
+        macs=macs,
+        flops=_flops(node, macs, graph.shape),
+        depthwise=_depthwise(node, graph.shape),
+        params=params,
+        weight_bytes=weight_bytes,
+        input_bytes=input_bytes,
+        output_bytes=sum(graph.nbytes(n) for n in node.output if n),
+    )
+
+
 def onnx_figures(
     source: bytes | Path | Any,
     *,
@@ -254,88 +384,20 @@ def onnx_figures(
     model: Any = source if hasattr(source, "graph") else load_onnx(source)
     concrete = static_input_shapes(model, batch, shapes)
     inferred, notes = _infer(model, concrete)
-    graph = inferred.graph
-    types = _types(inferred)
-    constants = {init.name for init in graph.initializer} | {
-        n.output[0] for n in graph.node if n.op_type == "Constant"
-    }
-    producer = {name: node for node in graph.node for name in node.output}
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-
-    def shape(name: str) -> tuple[int, ...] | None:
-        return types.get(name, (None, None))[1]
-
-    def itemsize(name: str) -> int:
-        """Bytes per element as the runtime holds it (8-bit between fused Q/DQ)."""
-        source_node = producer.get(name)
-        if source_node is not None and source_node.op_type == "DequantizeLinear":
-            return itemsize(source_node.input[0])
-        users = consumers.get(name, [])
-        if users and all(u.op_type == "QuantizeLinear" for u in users):
-            return itemsize(users[0].output[0])
-        dtype = types.get(name, (None, None))[0]
-        return dtype.itemsize if dtype is not None else 0
-
-    def is_weight(name: str) -> bool:
-        source_node = producer.get(name)
-        if source_node is not None and source_node.op_type == "DequantizeLinear":
-            return source_node.input[0] in constants
-        return name in constants
-
-    ops = []
-    for node in graph.node:
-        free = node.op_type in FREE
-        quantized = node.op_type in INTEGER_OPS or any(
-            producer.get(n) is not None and producer[n].op_type == "DequantizeLinear"
-            for n in node.input
-        )
-        out_dtype = types.get(node.output[0], (None, None))[0] if node.output else None
-        precision = (
-            "int8" if quantized or node.op_type in QDQ
-            else "fp16" if out_dtype == np.float16
-            else "fp32"
-        )  # fmt: skip
-        params = weight_bytes = input_bytes = 0
-        for name in node.input:
-            if not name:
-                continue
-            elements = _size(shape(name))
-            if is_weight(name):
-                params += elements
-                weight_bytes += elements * itemsize(name)
-            else:
-                input_bytes += elements * itemsize(name)
-        output_bytes = sum(_size(shape(n)) * itemsize(n) for n in node.output if n)
-        macs = 0 if free else _macs(node, shape)
-        ops.append(
-            OpFigures(
-                name=node.name or node.output[0],
-                op_type=node.op_type,
-                precision=precision,
-                macs=macs,
-                flops=0 if free else _flops(node, macs, shape),
-                depthwise=not free and _depthwise(node, shape),
-                params=0 if free else params,
-                weight_bytes=0 if free else weight_bytes,
-                input_bytes=0 if free else input_bytes,
-                output_bytes=0 if free else output_bytes,
-                fused=free,
-            )
-        )
-    if any(_attribute(n, "body", None) or _attribute(n, "then_branch", None) for n in graph.node):
+    graph = _Graph.of(inferred)
+    nodes = graph.graph.node
+    if any(_attribute(n, "body", None) or _attribute(n, "then_branch", None) for n in nodes):
         notes.append("subgraphs (If, Loop, Scan) are counted as one node each")
+    types, constants = graph.types, graph.constants
     return ModelFigures(
         format="onnx",
         batch=batch,
         inputs=tuple(_spec(v, types) for v in _graph_inputs(model.graph)),
         outputs=tuple(_spec(v, types) for v in model.graph.output),
-        ops=tuple(ops),
+        ops=tuple(_node_figures(graph, node) for node in nodes),
         params=sum(_size(types[name][1]) for name in constants),
         weight_bytes=sum(_size(types[name][1]) * types[name][0].itemsize for name in constants),
-        activation_peak_bytes=_activation_peak(graph, constants, shape, itemsize),
+        activation_peak_bytes=_activation_peak(graph.graph, constants, graph.shape, graph.itemsize),
         opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
         shapes=concrete,
         notes=tuple(notes),
