@@ -212,13 +212,79 @@ def _int8(
     return out
 
 
+@dataclass
+class _Build:
+    """One build as its stages share it: the request, the source, the data, and the
+    source's outputs that every variant is verified against."""
+
+    request: BuildRequest
+    root: Path  # the package's folder, written last
+    source: _Source
+    task: str
+    labels: tuple[str, ...]
+    pre: ImagePreprocessing | None
+    calibration: Dataset | None
+    evaluation: Dataset
+    reference: list[dict[str, Array]]  # the source's outputs on the evaluation items
+    shapes: dict[str, tuple[int, ...]]  # the evaluation items' input shapes
+    figures: ModelFigures  # the source's
+    say: Any
+    info: dict[str, Any] = field(default_factory=dict)  # what was done, for the manifest
+
+    def verify(self, candidate: _Candidate) -> None:
+        """Run ``candidate`` on the evaluation items and compare it with the source: a
+        variant outside the tolerance gets the reason it is left out."""
+        request = self.request
+        session = open_model(candidate.format, candidate.data, request.options)
+        candidate.outputs = run_items(session, self.evaluation.items)
+        candidate.metrics = compare(
+            self.task, self.reference, candidate.outputs, self.evaluation.labels, request.tolerance
+        )
+        candidate.reason = refusal(candidate.metrics, request.tolerance)
+        session.close()
+
+
 def build_package(request: BuildRequest, say: Any = print) -> dict[str, Any]:
     """Build the package that ``request`` describes; returns the build's report.
+
+    The stages of this module's docstring, in order: each variant is made, then
+    verified against the source, and only the ones within the tolerance are
+    measured and written.
 
     Raises:
         BuildError, DataError: a source, an option or the data is wrong.
         PackageError: a source package is malformed.
         BackendError: a runtime refused the source.
+    """
+    build = _prepare(request, say)
+    candidates: list[_Candidate] = []
+    fp32: bytes | None = None
+    if build.source.format == "onnx":
+        fp32, candidates = _float_variants(build)
+    else:
+        candidates = [_tflite_variant(build)]
+    for candidate in candidates:
+        build.verify(candidate)
+        if candidate.reason is None and candidate.info.get("overflow"):
+            candidate.reason = candidate.info["overflow"]
+    if fp32 is not None and "int8" in request.precisions:
+        candidates += _best_int8(build, fp32)
+    for fmt, precision, data in request.extra_variants:
+        extra = _Candidate(f"{fmt}-{precision}", fmt, precision, data)
+        build.verify(extra)
+        candidates.append(extra)
+    kept, left_out = _within_tolerance(candidates, say)
+    report = _write(build, kept, _benchmark(build, kept))
+    report["left_out"] = left_out
+    return report
+
+
+def _prepare(request: BuildRequest, say: Any) -> _Build:
+    """Stages 1-2: the source and the data, and the source's outputs on the data.
+
+    Raises:
+        BuildError: the name is invalid, the version exists already (without
+            ``force``), or there is neither calibration nor evaluation data.
     """
     if not is_model_name(request.name):
         raise BuildError(f"{request.name!r} is not a valid model name")
@@ -228,15 +294,46 @@ def build_package(request: BuildRequest, say: Any = print) -> dict[str, Any]:
     source = _read_source(request.source)
     package = source.package
     pre = request.preprocessing or (package.preprocessing if package else None)
-    task = request.task or (package.task if package else "other")
     labels = request.labels if request.labels is not None else (package.labels if package else ())
-    reference_session = open_model(source.format, source.data, request.options)
+    session = open_model(source.format, source.data, request.options)
+    calibration, evaluation = _data(request, source, session, pre)
+    say(
+        f"evaluation: {evaluation.source}"
+        + (f"; calibration: {calibration.source}" if calibration else "")
+    )
+    shapes = {k: tuple(v.shape) for k, v in evaluation.items[0].items()}
+    return _Build(
+        request=request,
+        root=root,
+        source=source,
+        task=request.task or (package.task if package else "other"),
+        labels=labels,
+        pre=pre,
+        calibration=calibration,
+        evaluation=evaluation,
+        reference=run_items(session, evaluation.items),
+        shapes=shapes,
+        figures=figures_of(source.format, source.data, shapes),
+        say=say,
+        info={"source": str(request.source), "evaluation": evaluation.source},
+    )
 
-    calibration = _dataset(request.calibration, reference_session, pre)
-    evaluation = _dataset(request.evaluation, reference_session, pre)
+
+def _data(
+    request: BuildRequest, source: _Source, session: Session, pre: ImagePreprocessing | None
+) -> tuple[Dataset | None, Dataset]:
+    """The calibration items (at most ``calibration_count``) and the evaluation items:
+    those asked for, else a source package's held-out items, else the calibration items.
+
+    Raises:
+        BuildError: there is neither.
+    """
+    package = source.package
+    calibration = _dataset(request.calibration, session, pre)
+    evaluation = _dataset(request.evaluation, session, pre)
     if evaluation is None and package is not None and package.evaluation_file is not None:
         inputs, held_labels = package.evaluation()
-        name, dtype = package.inputs[0].name, reference_session.inputs[0].dtype
+        name, dtype = package.inputs[0].name, session.inputs[0].dtype
         rows = tuple({name: inputs[i : i + 1].astype(dtype)} for i in range(len(inputs)))
         held = f"{len(inputs)} held-out items of {package.qualified_name}"
         evaluation = Dataset(rows, held_labels, held)
@@ -246,73 +343,76 @@ def build_package(request: BuildRequest, say: Any = print) -> dict[str, Any]:
         evaluation = calibration
     if evaluation is None:
         raise BuildError("give calibration data (--calibration) or evaluation data (--eval)")
-    evaluation = evaluation.head(request.evaluation_count)
-    say(
-        f"evaluation: {evaluation.source}"
-        + (f"; calibration: {calibration.source}" if calibration else "")
-    )
+    return calibration, evaluation.head(request.evaluation_count)
 
-    reference = run_items(reference_session, evaluation.items)
-    shapes = {k: tuple(v.shape) for k, v in evaluation.items[0].items()}
-    source_figures = figures_of(source.format, source.data, shapes)
-    info: dict[str, Any] = {"source": str(request.source), "evaluation": evaluation.source}
-    candidates: list[_Candidate] = []
-    fp32_data: bytes | None = None
-    if source.format == "onnx":
-        fp32_data = convert.optimize_fp32(source.data)
-        nodes = {"before": convert.node_count(source.data), "after": convert.node_count(fp32_data)}
-        info["optimization"] = {"level": "basic", "nodes": nodes}
-        say(f"FP32: ONNX Runtime basic optimization, {nodes['before']} -> {nodes['after']} nodes")
-        if "fp32" in request.precisions:
-            candidates.append(_Candidate("onnx-fp32", "onnx", "fp32", fp32_data))
-        if "fp16" in request.precisions:
-            sample = list((calibration or evaluation).items[:16])
-            data, risks, blocked = convert.fp16(fp32_data, sample, guard=request.fp16_guard)
-            fp16_info = {"near_fp16_range": [r.to_dict() for r in risks], "kept_fp32": blocked}
-            info["fp16"] = fp16_info
-            for risk in risks:
-                say(f"FP16: tensor {risk.tensor} reaches {risk.max_abs:g} (FP16 ends at 65504)")
-            if blocked:
-                say(f"FP16: {len(blocked)} nodes kept in FP32: {', '.join(blocked[:8])}")
-            fp16_candidate = _Candidate("onnx-fp16", "onnx", "fp16", data, info=fp16_info)
-            fp16_candidate.info["overflow"] = _overflow(risks, blocked)
-            candidates.append(fp16_candidate)
-    else:
-        precision = "int8" if source_figures.cost().flops.get("int8") else (
-            package.variants[0].precision if package else "fp32")  # fmt: skip
-        candidates.append(_Candidate(f"tflite-{precision}", "tflite", precision, source.data))
 
-    def verify(candidate: _Candidate) -> None:
-        session = open_model(candidate.format, candidate.data, request.options)
-        candidate.outputs = run_items(session, evaluation.items)
-        candidate.metrics = compare(
-            task, reference, candidate.outputs, evaluation.labels, request.tolerance
-        )
-        candidate.reason = refusal(candidate.metrics, request.tolerance)
-        session.close()
+def _float_variants(build: _Build) -> tuple[bytes, list[_Candidate]]:
+    """Stage 3 for an ONNX source: the optimized FP32 model (the base of every other
+    variant) and the FP32 and FP16 variants asked for."""
+    request, say = build.request, build.say
+    fp32 = convert.optimize_fp32(build.source.data)
+    nodes = {"before": convert.node_count(build.source.data), "after": convert.node_count(fp32)}
+    build.info["optimization"] = {"level": "basic", "nodes": nodes}
+    say(f"FP32: ONNX Runtime basic optimization, {nodes['before']} -> {nodes['after']} nodes")
+    candidates = []
+    if "fp32" in request.precisions:
+        candidates.append(_Candidate("onnx-fp32", "onnx", "fp32", fp32))
+    if "fp16" in request.precisions:
+        candidates.append(_fp16_variant(build, fp32))
+    return fp32, candidates
 
-    for candidate in candidates:
-        verify(candidate)
-        if candidate.reason is None and candidate.info.get("overflow"):
-            candidate.reason = candidate.info["overflow"]
-    int8_tried: list[dict[str, Any]] = []
-    if fp32_data is not None and "int8" in request.precisions:
-        if calibration is None:
-            say("INT8: left out: no calibration data (--calibration)")
-        else:
-            tried = _int8(fp32_data, calibration, source_figures, request.methods)
-            for candidate in tried:
-                verify(candidate)
-                int8_tried.append({"config": candidate.info["int8"], **_summary(candidate.metrics)})
-            best = max(tried, key=lambda c: _score(c.metrics))  # the first of equals wins
-            say(f"INT8: {len(tried)} candidates; kept {best.info['int8']}")
-            info["int8"] = {"chosen": best.info["int8"], "tried": int8_tried}
-            candidates.append(best)
-    for fmt, precision, data in request.extra_variants:
-        extra = _Candidate(f"{fmt}-{precision}", fmt, precision, data)
-        verify(extra)
-        candidates.append(extra)
 
+def _fp16_variant(build: _Build, fp32: bytes) -> _Candidate:
+    """FP16, with the operators whose tensors come near the FP16 range kept in FP32
+    (unless the guard is off); one that would still overflow carries the reason."""
+    sample = list((build.calibration or build.evaluation).items[:16])
+    data, risks, blocked = convert.fp16(fp32, sample, guard=build.request.fp16_guard)
+    fp16_info = {"near_fp16_range": [r.to_dict() for r in risks], "kept_fp32": blocked}
+    build.info["fp16"] = fp16_info
+    for risk in risks:
+        build.say(f"FP16: tensor {risk.tensor} reaches {risk.max_abs:g} (FP16 ends at 65504)")
+    if blocked:
+        build.say(f"FP16: {len(blocked)} nodes kept in FP32: {', '.join(blocked[:8])}")
+    candidate = _Candidate("onnx-fp16", "onnx", "fp16", data, info=fp16_info)
+    candidate.info["overflow"] = _overflow(risks, blocked)
+    return candidate
+
+
+def _tflite_variant(build: _Build) -> _Candidate:
+    """Stage 3 for a TFLite source: the source itself (converting needs TensorFlow), of
+    the precision it computes in."""
+    package = build.source.package
+    precision = "int8" if build.figures.cost().flops.get("int8") else (
+        package.variants[0].precision if package else "fp32")  # fmt: skip
+    return _Candidate(f"tflite-{precision}", "tflite", precision, build.source.data)
+
+
+def _best_int8(build: _Build, fp32: bytes) -> list[_Candidate]:
+    """The INT8 candidate that agrees best with FP32, every one tried verified (none
+    without calibration data)."""
+    if build.calibration is None:
+        build.say("INT8: left out: no calibration data (--calibration)")
+        return []
+    tried = _int8(fp32, build.calibration, build.figures, build.request.methods)
+    for candidate in tried:
+        build.verify(candidate)
+    best = max(tried, key=lambda c: _score(c.metrics))  # the first of equals wins
+    build.say(f"INT8: {len(tried)} candidates; kept {best.info['int8']}")
+    build.info["int8"] = {
+        "chosen": best.info["int8"],
+        "tried": [{"config": c.info["int8"], **_summary(c.metrics)} for c in tried],
+    }
+    return [best]
+
+
+def _within_tolerance(
+    candidates: list[_Candidate], say: Any
+) -> tuple[list[_Candidate], list[dict[str, Any]]]:
+    """Stage 4: the variants kept, and those left out with their reason.
+
+    Raises:
+        BuildError: none is kept.
+    """
     kept, left_out = [], []
     for candidate in candidates:
         if candidate.reason is not None:
@@ -323,17 +423,17 @@ def build_package(request: BuildRequest, say: Any = print) -> dict[str, Any]:
             kept.append(candidate)
     if not kept:
         raise BuildError("no variant is within the tolerance: nothing to package")
+    return kept, left_out
 
-    benchmark: dict[str, dict[str, Any]] = {}
-    if request.bench is not None:
-        subjects = {"source": (source.format, source.data)} | {
-            c.id: (c.format, c.data) for c in kept
-        }
-        benchmark = measure(subjects, evaluation.items[0], request.options, request.bench)
-    report = _write(request, root, source, kept, reference, evaluation, shapes, benchmark,
-                    info, task, labels, pre, say)  # fmt: skip
-    report["left_out"] = left_out
-    return report
+
+def _benchmark(build: _Build, kept: list[_Candidate]) -> dict[str, dict[str, Any]]:
+    """Stage 5: the kept variants measured side by side with the source (none asked for:
+    nothing)."""
+    request, source = build.request, build.source
+    if request.bench is None:
+        return {}
+    subjects = {"source": (source.format, source.data)} | {c.id: (c.format, c.data) for c in kept}
+    return measure(subjects, build.evaluation.items[0], request.options, request.bench)
 
 
 def _overflow(risks: Sequence[convert.RangeFinding], blocked: Sequence[str]) -> str | None:
@@ -358,113 +458,126 @@ def _summary(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _write(
-    request: BuildRequest,
-    root: Path,
-    source: _Source,
-    kept: list[_Candidate],
-    reference: list[dict[str, Array]],
-    evaluation: Dataset,
-    shapes: dict[str, tuple[int, ...]],
-    benchmark: dict[str, dict[str, Any]],
-    info: dict[str, Any],
-    task: str,
-    labels: tuple[str, ...],
-    pre: ImagePreprocessing | None,
-    say: Any,
+    build: _Build, kept: list[_Candidate], benchmark: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
-    count = max(1, request.golden_count)
-    chosen, golden_inputs = stack_items(evaluation.items, count)
-    golden_outputs = {
-        name: np.concatenate([reference[i][name] for i in chosen]) for name in reference[0]
-    }
+    """Stage 6: the package (model files, golden and held-out data, the manifest) in
+    place of any earlier one; returns the build's report."""
+    request, root, evaluation = build.request, build.root, build.evaluation
+    chosen, golden_inputs = stack_items(evaluation.items, max(1, request.golden_count))
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
     fp32_ms = benchmark.get(next((c.id for c in kept if c.precision == "fp32"), ""), {}).get(
         "p50_ms"
     )
-    variants, rows_out = [], []
-    for candidate in kept:
-        file = f"model.{candidate.precision}.{candidate.format}"
-        (root / file).write_bytes(candidate.data)
-        worst = max(
-            float(np.max(np.abs(candidate.outputs[i][n] - reference[i][n]), initial=0.0))
-            for i in chosen for n in reference[0]
-        )  # fmt: skip
-        cost = figures_of(candidate.format, candidate.data, shapes).cost()
-        measured = benchmark.get(candidate.id)
-        predicted = None
-        if request.profile is not None and request.profile.cost is not None:
-            predicted = round(predict_ms(cost, request.profile.cost), 3)
-        bench = None
-        if measured is not None:
-            bench = dict(measured)
-            if fp32_ms:
-                bench["speedup_vs_fp32"] = round(fp32_ms / measured["p50_ms"], 2)
-        accuracy = candidate.metrics.get("accuracy")
-        variants.append(
-            Variant(
-                id=candidate.id,
-                format=candidate.format,
-                precision=candidate.precision,
-                file=file,
-                sha256=hashlib.sha256(candidate.data).hexdigest(),
-                size=len(candidate.data),
-                accuracy=accuracy,
-                tolerance=Tolerance(atol=max(TOLERANCE_FLOOR[candidate.precision],
-                                             round(2 * worst, 6)), rtol=0.0),
-                cost=cost,
-                verification={**candidate.metrics, **candidate.info},
-                benchmark=bench,
-            )
-        )  # fmt: skip
-        rows_out.append({"variant": candidate.id, "nodes": convert.node_count(candidate.data)
-                         if candidate.format == "onnx" else cost.nodes, "cost": cost.to_dict(),
-                         "verification": _summary(candidate.metrics),
-                         "benchmark": bench, "predicted_ms": predicted})  # fmt: skip
+    written = [_write_variant(build, c, chosen, benchmark.get(c.id), fp32_ms) for c in kept]
     golden = {f"input:{k}": v for k, v in golden_inputs.items()}
-    golden.update({f"output:{k}": v for k, v in golden_outputs.items()})
-    write_npz(root / "golden.npz", golden)
-    heldout = None
-    if evaluation.labels is not None and len(evaluation.items[0]) == 1:
-        name = next(iter(evaluation.items[0]))
-        _, stacked = stack_items(evaluation.items, len(evaluation.items))
-        if len(stacked[name]) == len(evaluation.labels):
-            write_npz(root / "heldout.npz", {"inputs": stacked[name], "labels": evaluation.labels})
-            heldout = "heldout.npz"
-    package = source.package
-    built = ModelPackage(
-        root=root,
-        name=request.name,
-        version=request.version,
-        task=task,
-        description=request.description or (package.description if package else ""),
-        inputs=_specs(kept[0], "inputs", request.options),
-        outputs=_specs(kept[0], "outputs", request.options),
-        variants=tuple(variants),
-        labels=labels,
-        preprocessing=pre,
-        golden_file="golden.npz",
-        evaluation_file=heldout,
-        source=request.source_note
-        or (package.source if package and package.source else str(request.source.name)),
-        license=request.license or (package.license if package else ""),
-        extra=_extra(request, info, heldout),
+    golden.update(
+        {
+            f"output:{name}": np.concatenate([build.reference[i][name] for i in chosen])
+            for name in build.reference[0]
+        }
     )
-    built.write_manifest()
-    say(f"wrote {root}")
-    source_ms = benchmark.get("source", {}).get("p50_ms")
+    write_npz(root / "golden.npz", golden)
+    heldout = _write_heldout(root, evaluation)
+    _manifest(build, kept[0], tuple(v for v, _ in written), heldout).write_manifest()
+    build.say(f"wrote {root}")
     return {
         "benchmark": "build",
         "model": request.name,
         "version": request.version,
         "machine": machine_info(),
         "profile": request.profile.id if request.profile is not None else None,
-        "build": info,
-        "input_shape": list(next(iter(shapes.values()))),
-        "source_p50_ms": source_ms,
-        "variants": rows_out,
+        "build": build.info,
+        "input_shape": list(next(iter(build.shapes.values()))),
+        "source_p50_ms": benchmark.get("source", {}).get("p50_ms"),
+        "variants": [row for _, row in written],
     }
+
+
+def _write_variant(
+    build: _Build,
+    candidate: _Candidate,
+    chosen: Sequence[int],
+    measured: dict[str, Any] | None,
+    fp32_ms: float | None,
+) -> tuple[Variant, dict[str, Any]]:
+    """One kept variant's file, its manifest entry and its row of the report. Its
+    smoke-test tolerance is twice its largest difference from the golden outputs here,
+    and never below its precision's floor."""
+    request, reference = build.request, build.reference
+    file = f"model.{candidate.precision}.{candidate.format}"
+    (build.root / file).write_bytes(candidate.data)
+    worst = max(
+        float(np.max(np.abs(candidate.outputs[i][n] - reference[i][n]), initial=0.0))
+        for i in chosen for n in reference[0]
+    )  # fmt: skip
+    cost = figures_of(candidate.format, candidate.data, build.shapes).cost()
+    predicted = None
+    if request.profile is not None and request.profile.cost is not None:
+        predicted = round(predict_ms(cost, request.profile.cost), 3)
+    bench = None
+    if measured is not None:
+        bench = dict(measured)
+        if fp32_ms:
+            bench["speedup_vs_fp32"] = round(fp32_ms / measured["p50_ms"], 2)
+    variant = Variant(
+        id=candidate.id,
+        format=candidate.format,
+        precision=candidate.precision,
+        file=file,
+        sha256=hashlib.sha256(candidate.data).hexdigest(),
+        size=len(candidate.data),
+        accuracy=candidate.metrics.get("accuracy"),
+        tolerance=Tolerance(atol=max(TOLERANCE_FLOOR[candidate.precision],
+                                     round(2 * worst, 6)), rtol=0.0),
+        cost=cost,
+        verification={**candidate.metrics, **candidate.info},
+        benchmark=bench,
+    )  # fmt: skip
+    nodes = convert.node_count(candidate.data) if candidate.format == "onnx" else cost.nodes
+    row = {"variant": candidate.id, "nodes": nodes, "cost": cost.to_dict(),
+           "verification": _summary(candidate.metrics),
+           "benchmark": bench, "predicted_ms": predicted}  # fmt: skip
+    return variant, row
+
+
+def _write_heldout(root: Path, evaluation: Dataset) -> str | None:
+    """``heldout.npz`` (inputs and labels) when the evaluation items are labelled and of
+    one input; its file name, or ``None``."""
+    if evaluation.labels is None or len(evaluation.items[0]) != 1:
+        return None
+    name = next(iter(evaluation.items[0]))
+    _, stacked = stack_items(evaluation.items, len(evaluation.items))
+    if len(stacked[name]) != len(evaluation.labels):
+        return None
+    write_npz(root / "heldout.npz", {"inputs": stacked[name], "labels": evaluation.labels})
+    return "heldout.npz"
+
+
+def _manifest(
+    build: _Build, first: _Candidate, variants: tuple[Variant, ...], heldout: str | None
+) -> ModelPackage:
+    """The built package: what the request says, else what the source package said."""
+    request, package = build.request, build.source.package
+    return ModelPackage(
+        root=build.root,
+        name=request.name,
+        version=request.version,
+        task=build.task,
+        description=request.description or (package.description if package else ""),
+        inputs=_specs(first, "inputs", request.options),
+        outputs=_specs(first, "outputs", request.options),
+        variants=variants,
+        labels=build.labels,
+        preprocessing=build.pre,
+        golden_file="golden.npz",
+        evaluation_file=heldout,
+        source=request.source_note
+        or (package.source if package and package.source else str(request.source.name)),
+        license=request.license or (package.license if package else ""),
+        extra=_extra(request, build.info, heldout),
+    )
 
 
 def _extra(request: BuildRequest, info: dict[str, Any], heldout: str | None) -> dict[str, Any]:
