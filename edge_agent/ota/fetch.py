@@ -289,85 +289,173 @@ def download_resumable(
         StorageError: ``target`` cannot be written (no space, a file-size
             limit: what was written is removed).
     """
+    part = _Part(target, length)
+    if part.have == length:
+        return part.digest.hexdigest()
+    headers = {"Range": f"bytes={part.have}-"} if part.have else {}
+    started = clock()
+    watch = RateWatch(
+        pace,
+        started,
+        deadline if deadline is not None else pace.deadline(started, length - part.have),
+    )
+    throttle = _throttle(bandwidth, started, clock, sleep)
+    with (
+        _translated(url, part, watch, clock),
+        _unencoded(
+            client, url, what=f"GET {url}", timeout=watch.timeout(timeout, started), headers=headers
+        ) as response,
+    ):
+        mode = _write_mode(response, url, part)
+        _refuse_an_endless_offer(response, url, part)
+        with target.open(mode) as out:
+            for chunk in _raw(response):  # as it arrives: a cut loses nothing
+                part.append(out, chunk, url)
+                on_chunk(part.have)
+                why = watch.lag(part.received, clock())
+                if why is not None:
+                    raise _stalled(url, part.have, length, why)
+                throttle(len(chunk))
+    if part.have < length:
+        raise DownloadError(f"GET {url} was cut at byte {part.have} of {length}")
+    return part.digest.hexdigest()
+
+
+@contextmanager
+def _translated(
+    url: str, part: _Part, watch: RateWatch, clock: Callable[[], float]
+) -> Iterator[None]:
+    """A blob's download errors as this module's: httpx's, and a part that cannot be
+    written (httpx's errors are not OSErrors).
+
+    Raises:
+        DownloadStalled: a read timed out at the deadline, or below the pace.
+        DownloadError: the connection failed or was cut.
+        StorageError: the part cannot be written.
+    """
     import httpx
 
-    have = target.stat().st_size if target.exists() else 0
-    if have > length:
-        target.unlink()
-        have = 0
-    digest = hashlib.sha256()
-    if have:
-        with target.open("rb") as kept:
-            for block in iter(lambda: kept.read(CHUNK), b""):
-                digest.update(block)
-    if have == length:
-        return digest.hexdigest()
-    headers = {"Range": f"bytes={have}-"} if have else {}
-    started, sent_since, received = clock(), 0, 0  # received: on this connection
-    watch = RateWatch(
-        pace, started, deadline if deadline is not None else pace.deadline(started, length - have)
-    )
     try:
-        with _unencoded(
-            client, url, what=f"GET {url}", timeout=watch.timeout(timeout, started), headers=headers
-        ) as response:
-            if response.status_code == 206 and have:
-                if not response.headers.get("content-range", "").startswith(f"bytes {have}-"):
-                    raise DownloadError(f"GET {url}: the server resumed at the wrong offset")
-                mode = "ab"
-            elif response.status_code == 200:
-                have, mode = 0, "wb"  # the server ignored the range: start over
-                digest = hashlib.sha256()
-            else:
-                raise DownloadError(f"GET {url}: HTTP {response.status_code}")
-            announced = response.headers.get("content-length")
-            offered = int(announced) if announced and re.fullmatch("[0-9]+", announced) else 0
-            if have + offered > length:
-                raise DownloadRefused(
-                    f"GET {url}: the server offers {have + offered} bytes, but the signed "
-                    f"metadata says {length}; refused (endless data)",
-                    discard=True,
-                )
-            with target.open(mode) as out:
-                for chunk in _raw(response):  # as it arrives: a cut loses nothing
-                    if have + len(chunk) > length:
-                        raise DownloadRefused(
-                            f"GET {url}: more than the {length} bytes the signed metadata "
-                            "declares; refused (endless data)",
-                            discard=True,
-                        )
-                    out.write(chunk)
-                    digest.update(chunk)
-                    have += len(chunk)
-                    received += len(chunk)
-                    out.flush()
-                    on_chunk(have)
-                    why = watch.lag(received, clock())
-                    if why is not None:
-                        raise _stalled(url, have, length, why)
-                    if bandwidth:
-                        sent_since += len(chunk)
-                        ahead = sent_since / bandwidth - (clock() - started)
-                        if ahead > 0:
-                            sleep(ahead)
+        yield
     except httpx.TimeoutException as exc:
-        why = watch.lag(received, clock())  # a read timed out at the deadline
+        why = watch.lag(part.received, clock())  # a read timed out at the deadline
         if why is not None:
-            raise _stalled(url, have, length, why) from exc
-        raise DownloadError(f"GET {url} failed at byte {have} of {length}: {exc}") from exc
+            raise _stalled(url, part.have, part.length, why) from exc
+        raise DownloadError(
+            f"GET {url} failed at byte {part.have} of {part.length}: {exc}"
+        ) from exc
     except httpx.HTTPError as exc:
-        raise DownloadError(f"GET {url} failed at byte {have} of {length}: {exc}") from exc
-    except OSError as exc:  # writing the part (httpx's errors are not OSErrors)
+        raise DownloadError(
+            f"GET {url} failed at byte {part.have} of {part.length}: {exc}"
+        ) from exc
+    except OSError as exc:
+        raise part.unwritable(exc) from exc
+
+
+class _Part:
+    """A blob's part file on its way to the signed length: the bytes it holds (from an
+    earlier, cut attempt too) and their SHA-256, so that the blob is read once."""
+
+    def __init__(self, target: Path, length: int) -> None:
+        self.target, self.length = target, length
+        self.have = target.stat().st_size if target.exists() else 0
+        if self.have > length:  # longer than the blob: not a part of it
+            target.unlink()
+            self.have = 0
+        self.digest = hashlib.sha256()
+        if self.have:
+            with target.open("rb") as kept:
+                for block in iter(lambda: kept.read(CHUNK), b""):
+                    self.digest.update(block)
+        self.received = 0  # on this connection
+
+    def restart(self) -> None:
+        """From the first byte again: the server sent the whole blob."""
+        self.have, self.digest = 0, hashlib.sha256()
+
+    def append(self, out: IO[bytes], chunk: bytes, url: str) -> None:
+        """Write ``chunk`` through to the file (a cut loses nothing written).
+
+        Raises:
+            DownloadRefused: it goes past the signed length (endless data).
+        """
+        if self.have + len(chunk) > self.length:
+            raise DownloadRefused(
+                f"GET {url}: more than the {self.length} bytes the signed metadata "
+                "declares; refused (endless data)",
+                discard=True,
+            )
+        out.write(chunk)
+        self.digest.update(chunk)
+        self.have += len(chunk)
+        self.received += len(chunk)
+        out.flush()
+
+    def unwritable(self, exc: OSError) -> StorageError:
+        """The error of a part that cannot be written; one that fails for want of room is
+        removed, the space is needed."""
         if exc.errno in NO_ROOM:
-            target.unlink(missing_ok=True)
-            raise StorageError(
-                f"cannot write {target} at byte {have} of {length}: {exc.strerror}; what was "
-                "written is removed, and the next check tries again"
-            ) from exc
-        raise StorageError(f"cannot write {target}: {exc.strerror}") from exc
-    if have < length:
-        raise DownloadError(f"GET {url} was cut at byte {have} of {length}")
-    return digest.hexdigest()
+            self.target.unlink(missing_ok=True)
+            return StorageError(
+                f"cannot write {self.target} at byte {self.have} of {self.length}: "
+                f"{exc.strerror}; what was written is removed, and the next check tries again"
+            )
+        return StorageError(f"cannot write {self.target}: {exc.strerror}")
+
+
+def _write_mode(response: Any, url: str, part: _Part) -> str:
+    """How the part is written: appended where the server resumed (``206`` at the
+    part's length), or from the start when it sent the whole blob (``200``).
+
+    Raises:
+        DownloadError: it resumed elsewhere, or answered anything else.
+    """
+    if response.status_code == 206 and part.have:
+        if not response.headers.get("content-range", "").startswith(f"bytes {part.have}-"):
+            raise DownloadError(f"GET {url}: the server resumed at the wrong offset")
+        return "ab"
+    if response.status_code == 200:
+        part.restart()  # the server ignored the range: start over
+        return "wb"
+    raise DownloadError(f"GET {url}: HTTP {response.status_code}")
+
+
+def _refuse_an_endless_offer(response: Any, url: str, part: _Part) -> None:
+    """A server that announces more than the signed length is refused before a byte.
+
+    Raises:
+        DownloadRefused: its ``Content-Length`` goes past the signed length.
+    """
+    announced = response.headers.get("content-length")
+    offered = int(announced) if announced and re.fullmatch("[0-9]+", announced) else 0
+    if part.have + offered > part.length:
+        raise DownloadRefused(
+            f"GET {url}: the server offers {part.have + offered} bytes, but the signed "
+            f"metadata says {part.length}; refused (endless data)",
+            discard=True,
+        )
+
+
+def _throttle(
+    bandwidth: int | None,
+    started: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> Callable[[int], None]:
+    """A pause after each chunk while the bytes received since ``started`` are ahead of
+    ``bandwidth`` bytes a second (``None`` or 0: no cap)."""
+    sent = 0
+
+    def pause(size: int) -> None:
+        nonlocal sent
+        if not bandwidth:
+            return
+        sent += size
+        ahead = sent / bandwidth - (clock() - started)
+        if ahead > 0:
+            sleep(ahead)
+
+    return pause
 
 
 def _stalled(url: str, have: int, length: int, why: str) -> DownloadStalled:
