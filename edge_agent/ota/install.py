@@ -110,6 +110,32 @@ def _signed_plaintext_length(custom: dict[str, Any], target: str) -> int:
     return value
 
 
+def _signed_target(
+    signed: SignedMetadata, name: str, version: int, group: str
+) -> tuple[Any, dict[str, Any]]:
+    """The signed target of ``name`` ``version`` and its custom fields: signed as that
+    model and version, not withdrawn, and published for ``group``.
+
+    Raises:
+        MetadataError: it is not signed, signed as another, or withdrawn.
+        NoKeyError: it is not published for ``group``.
+    """
+    target = payload_target(name, version)
+    info = signed.target(target)
+    if info is None:
+        raise MetadataError(f"{target!r} is not in the signed metadata")
+    custom = info.custom or {}
+    if custom.get("model") != name or custom.get("version") != version:
+        raise MetadataError(
+            f"{target!r} is signed as {custom.get('model')} v{custom.get('version')}"
+        )
+    if custom.get("withdrawn") is True:
+        raise MetadataError(f"{name} v{version} is withdrawn in the signed metadata")
+    if group not in custom.get("groups", []):
+        raise NoKeyError(f"{name} v{version} is not published for group {group!r}")
+    return info, custom
+
+
 def _check_variant(package: ModelPackage, signed: Any) -> None:
     """The package must hold the one variant its signed metadata names.
 
@@ -181,47 +207,21 @@ class Installer:
             UpdateError: any other step failed (the active slot is as it was).
         """
         group = self.enrollment.group
-        target = payload_target(name, version)
-        info = signed.target(target)
-        if info is None:
-            raise MetadataError(f"{target!r} is not in the signed metadata")
-        custom = info.custom or {}
-        if custom.get("model") != name or custom.get("version") != version:
-            raise MetadataError(
-                f"{target!r} is signed as {custom.get('model')} v{custom.get('version')}"
-            )
-        if custom.get("withdrawn") is True:
-            raise MetadataError(f"{name} v{version} is withdrawn in the signed metadata")
-        if group not in custom.get("groups", []):
-            raise NoKeyError(f"{name} v{version} is not published for group {group!r}")
-        signed_as = (_signed_plaintext_length(custom, target), custom.get("variant"))
+        info, custom = _signed_target(signed, name, version, group)
+        plaintext_length = _signed_plaintext_length(custom, payload_target(name, version))
+        signed_as = (plaintext_length, custom.get("variant"))
         part = self.store.downloads / f"{info.hashes['sha256']}.part"
-        kept = self.store.previous(name)
-        if kept is not None and (kept.version, kept.sha256, kept.length) != (
-            version,
-            info.hashes["sha256"],
-            info.length,
-        ):
-            kept = None
+        kept = self._kept(name, version, info)
         if kept is None:  # to be downloaded: before anything is fetched, it must fit
-            self._check_room(info.length, signed_as[0], part, name, version)
-        key_path = custom.get("keys", {}).get(group)
-        key_info = signed.target(key_path) if key_path else None
-        if key_info is None:
-            raise NoKeyError(f"no data key for group {group!r} in the signed metadata")
-        wrapped = signed.fetch_key(key_info, group)
-        data_key = unwrap_key(
-            wrapped, self.enrollment.group_key, name=name, version=version, group=group
-        )
+            self._check_room(info.length, plaintext_length, part, name, version)
+        wrapped, data_key = self._data_key(signed, custom, name, version)
         self.on_step("key")
 
         if kept is not None:
             # the inactive slot holds this very blob (the device went back from it):
             # test it again and switch, without downloading it again
             package, smoke = self._smoke(kept.path / "payload", data_key, signed_as, name, version)
-            self.store.activate(name, kept.slot, on_step=self.on_step)
-            self.on_step("switched")
-            self.on_installed(name, package)
+            self._switch(name, kept.slot, package)
             return kept, smoke
 
         self._fetch_verified(info, part, name, version, data_key)
@@ -244,10 +244,45 @@ class Installer:
             on_step=self.on_step,
         )
         self.on_step("slot-written")
-        self.store.activate(name, written.slot, on_step=self.on_step)
+        self._switch(name, written.slot, package)
+        return written, smoke
+
+    def _kept(self, name: str, version: int, info: Any) -> SlotInfo | None:
+        """The inactive slot, if it holds this very blob (same version, hash and length)."""
+        kept = self.store.previous(name)
+        if kept is None or (kept.version, kept.sha256, kept.length) != (
+            version,
+            info.hashes["sha256"],
+            info.length,
+        ):
+            return None
+        return kept
+
+    def _data_key(
+        self, signed: SignedMetadata, custom: dict[str, Any], name: str, version: int
+    ) -> tuple[dict[str, Any], bytes]:
+        """The group's data key, wrapped (as the slot keeps it) and unwrapped.
+
+        Raises:
+            NoKeyError: the signed metadata has no key for this device's group.
+            IntegrityError, DownloadError: the key file does not verify or arrive.
+        """
+        group = self.enrollment.group
+        key_path = custom.get("keys", {}).get(group)
+        key_info = signed.target(key_path) if key_path else None
+        if key_info is None:
+            raise NoKeyError(f"no data key for group {group!r} in the signed metadata")
+        wrapped = signed.fetch_key(key_info, group)
+        data_key = unwrap_key(
+            wrapped, self.enrollment.group_key, name=name, version=version, group=group
+        )
+        return wrapped, data_key
+
+    def _switch(self, name: str, slot: str, package: ModelPackage) -> None:
+        """Make ``slot`` the active one (one ``rename``) and tell the agent."""
+        self.store.activate(name, slot, on_step=self.on_step)
         self.on_step("switched")
         self.on_installed(name, package)
-        return written, smoke
 
     def _check_room(
         self, length: int, plaintext_length: int, part: Path, name: str, version: int
