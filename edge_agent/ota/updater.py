@@ -141,6 +141,23 @@ def not_for_profile(custom: Any, profile: str) -> str | None:
     return None
 
 
+def _gateway_url(settings: OtaSettings, enrollment: Enrollment) -> str:
+    """``settings.url``, else the enrollment bundle's gateway, without a trailing slash.
+
+    Raises:
+        ConfigError: neither names the gateway.
+    """
+    url = settings.url or enrollment.gateway
+    if not url:
+        raise ConfigError(
+            "ota.url: the gateway's REST address is needed (the enrollment bundle has "
+            'none): set url = "http://GATEWAY:8000" in [ota], or enroll the device with '
+            "`cloud-gateway device add ID --group G --gateway http://GATEWAY:8000 "
+            "--bundle FILE`"
+        )
+    return url.rstrip("/")
+
+
 class OtaUpdater:
     def __init__(
         self,
@@ -162,15 +179,7 @@ class OtaUpdater:
         """
         import httpx
 
-        url = settings.url or enrollment.gateway
-        if not url:
-            raise ConfigError(
-                "ota.url: the gateway's REST address is needed (the enrollment bundle has "
-                'none): set url = "http://GATEWAY:8000" in [ota], or enroll the device with '
-                "`cloud-gateway device add ID --group G --gateway http://GATEWAY:8000 "
-                "--bundle FILE`"
-            )
-        self.url = url.rstrip("/")
+        self.url = _gateway_url(settings, enrollment)
         self.settings = settings
         self.enrollment = enrollment
         self.profile = profile
@@ -190,11 +199,20 @@ class OtaUpdater:
         self.telemetry: Callable[[], dict[str, dict[str, Any]]] | None = None
         self._lock = threading.Lock()  # one check at a time
         self.pace = Pace(settings.min_rate, settings.rate_window_s)
-        self._installer = Installer(
+        self._installer = self._new_installer()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.failures = CheckFailures()  # the background checks' failures in a row
+
+    def _new_installer(self) -> Installer:
+        """The installer, held to the settings; its callbacks go through this updater's,
+        so that a caller may set them after it is made."""
+        settings = self.settings
+        return Installer(
             self.store,
             self.client,
-            enrollment,
-            profile,
+            self.enrollment,
+            self.profile,
             attempts=settings.attempts,
             timeout_s=settings.timeout_s,
             bandwidth=settings.bandwidth or None,
@@ -205,9 +223,6 @@ class OtaUpdater:
             on_progress=lambda name, done, total: self.on_progress(name, done, total),
             on_installed=lambda name, package: self.on_installed(name, package),
         )
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self.failures = CheckFailures()  # the background checks' failures in a row
 
     def _metadata(self) -> SignedMetadata:
         return refresh(
