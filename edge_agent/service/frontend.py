@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.agent import Agent
+from edge_agent.agent import Agent, AgentResult
 from edge_agent.preprocess import encoded_pictures
 from edge_agent.privacy import Redaction
 from edge_agent.results import describe_outputs, json_line, per_row, reads
@@ -38,7 +38,8 @@ from edge_agent.service.logs import request_id as current_request_id
 from edge_agent.service.metrics import ServiceMetrics
 from edge_core.errors import InputError, ModelNotFoundError, Stopping
 from edge_core.names import check_model_name, parse_version
-from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.package import ModelPackage
+from edge_core.protocol.types import InferRequest, InferResponse, RequestedOutput
 from edge_core.status import status_of
 
 __all__ = ["REDACT", "LocalService"]
@@ -141,7 +142,8 @@ class LocalService:
     def infer(
         self, request: InferRequest, *, label: str | None = None, request_id: str | None = None
     ) -> InferResponse:
-        """Answer one request through the agent.
+        """Answer one request through the agent; every request is counted, answered or
+        not, by the action and reason of its decision (or its error's kind).
 
         Raises:
             EdgeError: mapped to a status by :func:`edge_core.status.status_of`.
@@ -156,50 +158,9 @@ class LocalService:
                 package = agent.package(name)
                 if name == REDACT and package is None:
                     return self._redact(agent, request, rid, started)
-                if agent.offload is None and package is None:
-                    raise ModelNotFoundError(
-                        f"unknown model {name!r}: not on this device, and no gateway to ask"
-                    )
-                wanted = request.outputs
-                readable = wanted is not None and any(o.name == RESULTS for o in wanted)
-                if readable and package is not None and not reads(package):
-                    raise InputError(
-                        f"model {name!r} has no {RESULTS!r} output: nothing here reads what "
-                        f"a {package.task} model's outputs mean; ask for its own outputs"
-                    )
-                # pictures as files (a camera's JPEG): preprocessed as the manifest says
-                inputs, sizes = (
-                    encoded_pictures(package, request.inputs, max_pixels=agent.max_pixels)
-                    if package
-                    else (request.inputs, None)
-                )
-                timeout_us = request.timeout_us
-                result = agent.infer(
-                    name,
-                    inputs,
-                    label=_label(request, label),
-                    deadline_ms=timeout_us / 1000 if timeout_us else None,
-                    request_id=rid,
-                    version=version,
-                )
-                outputs = result.outputs
-                if readable and RESULTS not in outputs:
-                    outputs = {**outputs, RESULTS: _results(agent, result, sizes)}
-                if wanted is not None:
-                    missing = [o.name for o in wanted if o.name not in outputs]
-                    if missing:
-                        raise InputError(
-                            f"unknown output {missing[0]!r} for model {result.model!r}"
-                        )
-                    outputs = {o.name: outputs[o.name] for o in wanted}
+                result, outputs = self._run(agent, request, name, version, package, label, rid)
         except Exception as exc:
-            status = status_of(exc)
-            decision = getattr(exc, "decision", None)
-            action = decision.action.value if decision is not None else "error"
-            reason = decision.reason if decision is not None else status.kind
-            self.metrics.request(self._label_of(request.model_name), action, reason, None, 0.0)
-            if status.http >= 500:
-                log.error("request for %.140r failed: %s", request.model_name, status.message)
+            self._count_failure(request, exc)
             raise
         finally:
             current_request_id.reset(token)
@@ -226,6 +187,69 @@ class LocalService:
             id=request.id,
             parameters=parameters,
         )
+
+    def _run(
+        self,
+        agent: Agent,
+        request: InferRequest,
+        name: str,
+        version: int | None,
+        package: ModelPackage | None,
+        label: str | None,
+        rid: str,
+    ) -> tuple[AgentResult, dict[str, Any]]:
+        """The agent's result and the outputs asked for (all when none are named).
+
+        A model the device does not have goes to the gateway, if there is one;
+        pictures sent as files are preprocessed as the manifest says; the
+        ``results`` output is what the model's outputs mean, for a model whose
+        outputs something here reads.
+
+        Raises:
+            ModelNotFoundError: no such model here, and no gateway to ask.
+            InputError: ``results`` asked of a model nothing reads, or an unknown output.
+        """
+        if agent.offload is None and package is None:
+            raise ModelNotFoundError(
+                f"unknown model {name!r}: not on this device, and no gateway to ask"
+            )
+        wanted = request.outputs
+        readable = wanted is not None and any(o.name == RESULTS for o in wanted)
+        if readable and package is not None and not reads(package):
+            raise InputError(
+                f"model {name!r} has no {RESULTS!r} output: nothing here reads what "
+                f"a {package.task} model's outputs mean; ask for its own outputs"
+            )
+        # pictures as files (a camera's JPEG): preprocessed as the manifest says
+        inputs, sizes = (
+            encoded_pictures(package, request.inputs, max_pixels=agent.max_pixels)
+            if package
+            else (request.inputs, None)
+        )
+        timeout_us = request.timeout_us
+        result = agent.infer(
+            name,
+            inputs,
+            label=_label(request, label),
+            deadline_ms=timeout_us / 1000 if timeout_us else None,
+            request_id=rid,
+            version=version,
+        )
+        outputs = result.outputs
+        if readable and RESULTS not in outputs:
+            outputs = {**outputs, RESULTS: _results(agent, result, sizes)}
+        return result, _asked_for(outputs, wanted, f"for model {result.model!r}")
+
+    def _count_failure(self, request: InferRequest, exc: Exception) -> None:
+        """Count a request that was not answered (by its decision when the policy refused
+        it, else by its error's kind); log it when it is the service's fault."""
+        status = status_of(exc)
+        decision = getattr(exc, "decision", None)
+        action = decision.action.value if decision is not None else "error"
+        reason = decision.reason if decision is not None else status.kind
+        self.metrics.request(self._label_of(request.model_name), action, reason, None, 0.0)
+        if status.http >= 500:
+            log.error("request for %.140r failed: %s", request.model_name, status.message)
 
     def repository_index(self) -> list[dict[str, str]]:
         """The models on the device, as the repository extension lists them: READY when
@@ -255,12 +279,11 @@ class LocalService:
         redacted = agent.redact(
             request.inputs, _redaction(request.parameters, agent.inspector.redaction)
         )
-        outputs = {**redacted.outputs, "faces": np.array([redacted.faces], np.int32)}
-        if request.outputs is not None:
-            missing = [o.name for o in request.outputs if o.name not in outputs]
-            if missing:
-                raise InputError(f"unknown output {missing[0]!r} of {REDACT!r}")
-            outputs = {o.name: outputs[o.name] for o in request.outputs}
+        outputs = _asked_for(
+            {**redacted.outputs, "faces": np.array([redacted.faces], np.int32)},
+            request.outputs,
+            f"of {REDACT!r}",
+        )
         self.metrics.request(REDACT, "redact", "redacted", "device", time.perf_counter() - started)
         return InferResponse(
             model_name=REDACT,
@@ -337,6 +360,22 @@ def _redaction(parameters: dict[str, Any], base: Redaction) -> Redaction | None:
         )
     except (TypeError, ValueError) as exc:
         raise InputError(f"{REDACT}: {exc}"[:200]) from None
+
+
+def _asked_for(
+    outputs: dict[str, Any], wanted: list[RequestedOutput] | None, of: str
+) -> dict[str, Any]:
+    """The outputs a request names, in its order (all when it names none).
+
+    Raises:
+        InputError: it names one there is not (``of``: whose, for the message).
+    """
+    if wanted is None:
+        return outputs
+    missing = [o.name for o in wanted if o.name not in outputs]
+    if missing:
+        raise InputError(f"unknown output {missing[0]!r} {of}")
+    return {o.name: outputs[o.name] for o in wanted}
 
 
 def _platform(variant: str) -> str:
