@@ -97,13 +97,33 @@ def plan_power_mode(
         PowerError: the device cannot take the mode (no cpufreq, a governor
             or frequency it does not offer), unless ``warnings`` is given.
     """
+    cannot = _complaint(warnings)
+    mode: PowerMode = profile.power_mode(mode_name)
+    actions = _nvidia_actions(mode, root)
+    if mode.cpu_governor is not None or mode.cpu_max_freq_khz is not None:
+        cpus = _cpu_dirs(root)
+        if not cpus:
+            cannot(f"no CPU frequency scaling under {root / CPU_DIR} (no cpu*/cpufreq)")
+        for cpu in cpus:
+            actions += _cpu_actions(mode, cpu, cannot)
+    return actions
+
+
+def _complaint(warnings: list[str] | None) -> Callable[[str], None]:
+    """How to say what the device cannot take: a :class:`PowerError` raised, or on a
+    dry run (a ``warnings`` list) the message added there, so a dry run shows it all."""
 
     def cannot(message: str) -> None:
         if warnings is None:
             raise PowerError(message)
         warnings.append(message)
 
-    mode: PowerMode = profile.power_mode(mode_name)
+    return cannot
+
+
+def _nvidia_actions(mode: PowerMode, root: Path) -> list[Action]:
+    """The ``nvpmodel`` and ``jetson_clocks`` steps of ``mode``, ordered so that a mode
+    never ends with the clocks of another."""
     actions: list[Action] = []
     # `jetson_clocks --restore` needs what `--store` saved before the clocks were raised.
     # Down: restore (and forget) the raised clocks first, then nvpmodel sets the new
@@ -120,35 +140,43 @@ def plan_power_mode(
         if not saved.exists():
             actions.append(Action(command=("jetson_clocks", "--store", str(saved))))
         actions.append(Action(command=("jetson_clocks",)))
-    if mode.cpu_governor is not None or mode.cpu_max_freq_khz is not None:
-        cpus = _cpu_dirs(root)
-        if not cpus:
-            cannot(f"no CPU frequency scaling under {root / CPU_DIR} (no cpu*/cpufreq)")
-        for cpu in cpus:
-            freq = cpu / "cpufreq"
-            if mode.cpu_governor is not None:
-                available = freq / "scaling_available_governors"
-                if available.is_file():
-                    offered = available.read_text().split()
-                    if mode.cpu_governor not in offered:
-                        cannot(
-                            f"{cpu.name} does not offer governor {mode.cpu_governor!r} "
-                            f"(it offers {', '.join(offered)})"
-                        )
-                        continue
-                actions.append(Action(path=freq / "scaling_governor", value=mode.cpu_governor))
-            bounds = [freq / "cpuinfo_min_freq", freq / "cpuinfo_max_freq"]
-            known = all(b.is_file() for b in bounds)
-            low, high = (int(b.read_text().strip() or 0) for b in bounds) if known else (0, 0)
-            if mode.cpu_max_freq_khz is not None:
-                target = (
-                    max(low, min(high, mode.cpu_max_freq_khz)) if known else (mode.cpu_max_freq_khz)
-                )
-                actions.append(Action(path=freq / "scaling_max_freq", value=str(target)))
-            elif known and high:
-                # no cap in this mode: lift one an earlier mode (powersave) left behind
-                actions.append(Action(path=freq / "scaling_max_freq", value=str(high)))
     return actions
+
+
+def _cpu_actions(mode: PowerMode, cpu: Path, cannot: Callable[[str], None]) -> list[Action]:
+    """The governor and frequency cap of one CPU: none at all when it does not offer the
+    mode's governor (``cannot`` says so)."""
+    freq = cpu / "cpufreq"
+    actions: list[Action] = []
+    if mode.cpu_governor is not None:
+        available = freq / "scaling_available_governors"
+        if available.is_file():
+            offered = available.read_text().split()
+            if mode.cpu_governor not in offered:
+                cannot(
+                    f"{cpu.name} does not offer governor {mode.cpu_governor!r} "
+                    f"(it offers {', '.join(offered)})"
+                )
+                return []
+        actions.append(Action(path=freq / "scaling_governor", value=mode.cpu_governor))
+    cap = _max_freq(mode, freq)
+    if cap is not None:
+        actions.append(Action(path=freq / "scaling_max_freq", value=str(cap)))
+    return actions
+
+
+def _max_freq(mode: PowerMode, freq: Path) -> int | None:
+    """The frequency cap to write: the mode's, within what the CPU offers where it says;
+    with no cap in the mode, the CPU's maximum (lifting one an earlier mode, powersave,
+    left behind); ``None`` when there is neither."""
+    bounds = [freq / "cpuinfo_min_freq", freq / "cpuinfo_max_freq"]
+    known = all(b.is_file() for b in bounds)
+    low, high = (int(b.read_text().strip() or 0) for b in bounds) if known else (0, 0)
+    if mode.cpu_max_freq_khz is not None:
+        return max(low, min(high, mode.cpu_max_freq_khz)) if known else mode.cpu_max_freq_khz
+    if known and high:
+        return high
+    return None
 
 
 def apply_plan(actions: Sequence[Action], runner: Runner = run_command) -> None:
