@@ -5,7 +5,9 @@ it, a table where a person will) and exits 0; errors exit non-zero with one
 line on stderr, and a traceback only with ``--debug`` -- an unexpected
 exception too (a bug: it says so, and how to see the traceback). A reader that
 goes away early (``edge-agent profile show NAME | head -1``) ends the command
-quietly.
+quietly. On 32-bit ARM, where the agent cannot run, every command says so and
+what does instead (:mod:`edge_agent.cli.arm32`) before anything imports NumPy: the
+commands are imported only once that is clear.
 """
 
 from __future__ import annotations
@@ -13,26 +15,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from edge_agent.cli import (
-    bench_cmd,
-    infer_cmd,
-    install_cmd,
-    models_cmd,
-    policy_cmd,
-    profile_cmd,
-    redact_cmd,
-    run_cmd,
-    service_cmd,
-    stream_cmd,
-    toolchain_cmd,
-    update_cmd,
-)
-from edge_agent.cli.common import PROG
-from edge_core.cli import run_command
+from edge_agent.cli.arm32 import arm32_refusal_here
 
 __all__ = ["main"]
+
+PROG = "edge-agent"
 
 
 class _OneLineFormatter(logging.Formatter):
@@ -41,6 +30,21 @@ class _OneLineFormatter(logging.Formatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from edge_agent.cli import (
+        bench_cmd,
+        infer_cmd,
+        install_cmd,
+        models_cmd,
+        policy_cmd,
+        profile_cmd,
+        redact_cmd,
+        run_cmd,
+        service_cmd,
+        stream_cmd,
+        toolchain_cmd,
+        update_cmd,
+    )
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Edge inference agent: run models on this device, offload to the cloud.",
@@ -62,7 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    refusal: Callable[[], str | None] = arm32_refusal_here,
+) -> int:
+    """Run the command ``argv`` names; its exit status. ``refusal`` says why this
+    interpreter cannot run the agent (``None``: it can)."""
+    reason = refusal()
+    if reason is not None:
+        print(f"{PROG}: error: {reason}", file=sys.stderr)
+        return 1
+    from edge_core.cli import run_command
+
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)

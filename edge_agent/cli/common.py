@@ -11,6 +11,7 @@ from typing import Any
 
 from edge_agent import profiles
 from edge_agent.assemble import resolve_profile as resolve_config_profile
+from edge_agent.cli import PROG
 from edge_agent.config import AgentConfig, load_agent_config
 from edge_agent.profiles import Detection, DeviceProfile, ProfileStore
 from edge_core.errors import EdgeError
@@ -26,9 +27,6 @@ __all__ = [
     "print_json",
     "resolve_profile",
 ]
-
-
-PROG = "edge-agent"
 
 
 class CliError(EdgeError):
