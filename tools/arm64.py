@@ -12,11 +12,13 @@ in a folder named by a hash of what it depends on:
    ``apt-get download`` through a sources list and package lists of its own (the
    machine's apt is not touched) and unpacked with ``dpkg -x``;
 3. **the wheels**: the device install of docs/install.md (the wheel and the extras its
-   ``pip install`` line names), resolved by ``pip download --only-binary=:all:`` for the
-   platform tags the userland's own pip accepts, at this machine's versions of the
-   runtimes (so that an x86 figure and an aarch64 one differ by the architecture only),
-   then installed with ``pip install --no-deps --target``. Nothing is compiled: a
-   dependency without an aarch64 wheel fails here, by name.
+   ``pip install`` line names), resolved by ``pip download --only-binary=:all:`` for a
+   64-bit Raspberry Pi OS as tools/device_wheels.py names it (which tools/footprint.py
+   measures too; its platform tags are checked here against those the userland's own
+   pip accepts), at this machine's versions of the runtimes (so that an x86 figure and
+   an aarch64 one differ by the architecture only), then installed with ``pip install
+   --no-deps --target``. Nothing is compiled: a dependency without an aarch64 wheel
+   fails here, by name.
 
 The project's own wheel changes with every commit, so it is installed afresh into
 ``--out``, beside a wrapper interpreter (``--out``/python: the userland's
@@ -46,9 +48,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from edge_core.errors import EdgeError
+from tools.device_wheels import PLATFORMS, PYTHON, SUITE, download_for, install_for
+
 ROOT = Path(__file__).resolve().parents[1]
 
-SUITE = "bookworm"  # what Raspberry Pi OS (64-bit) is built on
 PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "libstdc++6", "libgomp1")
 QEMU_SUITE = "trixie"  # the first whose QEMU (10.0) runs ONNX Runtime and LiteRT
 QEMU_PACKAGE = "qemu-user"
@@ -57,13 +61,13 @@ QEMU_PACKAGE = "qemu-user"
 CPU = "cortex-a76"
 # The runtimes pinned to this machine's versions, so that accuracy on x86 and on
 # aarch64 is compared at the same version.
-PINNED = ("numpy", "onnxruntime", "ai-edge-litert", "opencv-python-headless")
+PINNED = ("numpy", "pillow", "onnxruntime", "ai-edge-litert", "opencv-python-headless")
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
 _GUIDE_PIP = re.compile(r'pip install "\./edge_inference-[^"\[]+\.whl\[([a-z0-9,_-]+)\]"')
 
 
-class PrepareError(Exception):
+class PrepareError(EdgeError):
     """A step cannot be done here; the message says which and why."""
 
 
@@ -159,22 +163,32 @@ def emulated(qemu: Path, root: Path, *args: str) -> list[str]:
 
 
 _FACTS = """
-import json, platform, sys
+import json, platform
 from pip._vendor.packaging import tags
 platforms = []
 for tag in tags.sys_tags():
     if tag.platform.startswith("manylinux") and tag.platform not in platforms:
         platforms.append(tag.platform)
 print(json.dumps({"machine": platform.machine(), "python": platform.python_version(),
-                  "version": "%d%d" % sys.version_info[:2], "platforms": platforms}))
+                  "platforms": platforms}))
 """
 
 
 def device_facts(qemu: Path, root: Path) -> dict[str, Any]:
-    """What the emulated interpreter says of itself: machine, version, platform tags."""
+    """What the emulated interpreter says of itself: machine, version, platform tags.
+
+    Raises:
+        PrepareError: it is not the device tools/device_wheels.py chooses wheels for.
+    """
     facts: dict[str, Any] = json.loads(_run(emulated(qemu, root, "-c", _FACTS)).stdout)
-    if facts["machine"] != "aarch64" or not facts["platforms"]:
+    if facts["machine"] != "aarch64":
         raise PrepareError(f"the emulated interpreter is not an aarch64 one: {facts}")
+    refused = [tag for tag in PLATFORMS if tag not in facts["platforms"]]
+    if refused or not facts["python"].startswith(f"{PYTHON}."):
+        raise PrepareError(
+            f"tools/device_wheels.py chooses wheels for CPython {PYTHON} on {PLATFORMS}; "
+            f"the userland's pip is CPython {facts['python']} and refuses {refused}"
+        )
     return facts
 
 
@@ -196,29 +210,14 @@ def pinned_versions() -> dict[str, str]:
     return pins
 
 
-def _platform_options(facts: dict[str, Any]) -> list[str]:
-    options = ["--only-binary=:all:", "--python-version", facts["version"],
-               "--implementation", "cp", "--abi", f"cp{facts['version']}"]  # fmt: skip
-    for platform in facts["platforms"]:
-        options += ["--platform", platform]
-    return options
-
-
-def build_site(
-    folder: Path, wheel: Path, extras: str, facts: dict[str, Any], pins: dict[str, str]
-) -> None:
-    wheels, site = folder / "wheels", folder / "site"
+def build_site(folder: Path, wheel: Path, extras: str, pins: dict[str, str]) -> None:
+    wheels = folder / "wheels"
     constraints = folder / "constraints.txt"
     constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    options = _platform_options(facts)
-    _run([*pip, "download", "--quiet", *options, "--constraint", str(constraints),
-          "--dest", str(wheels), f"{wheel}[{extras}]"])  # fmt: skip
-    for own in wheels.glob("edge_inference-*.whl"):
-        own.unlink()
-    found = sorted(str(p) for p in wheels.glob("*.whl"))
-    _run([*pip, "install", "--quiet", "--no-deps", *options, "--target", str(site), *found])
-    (folder / "wheels.txt").write_text("".join(Path(p).name + "\n" for p in found))
+    downloaded = download_for(wheels, [f"{wheel}[{extras}]"], constraints=constraints)
+    found = [path for path in downloaded if not path.name.startswith("edge_inference-")]
+    install_for(folder / "site", [str(path) for path in found], no_deps=True)
+    (folder / "wheels.txt").write_text("".join(path.name + "\n" for path in found))
     shutil.rmtree(wheels)  # installed: 110 MB that no run reads again
 
 
@@ -240,6 +239,7 @@ def prepare(wheel: Path, out: Path, cache: Path, guide: Path) -> dict[str, Any]:
 
     Raises:
         PrepareError: a tool is missing or a step failed (its output is in the message).
+        EdgeError: pip found no aarch64 wheel of a dependency (it is named).
     """
     log: list[str] = []
     started = time.monotonic()
@@ -255,8 +255,8 @@ def prepare(wheel: Path, out: Path, cache: Path, guide: Path) -> dict[str, Any]:
     facts = device_facts(qemu, root)
     pins = pinned_versions()
     site_dir = cached(
-        cache, f"site-{_key(requirements(wheel), extras, facts, pins)}",
-        lambda folder: build_site(folder, wheel, extras, facts, pins), log,
+        cache, f"site-{_key(requirements(wheel), extras, PLATFORMS, PYTHON, pins)}",
+        lambda folder: build_site(folder, wheel, extras, pins), log,
     )  # fmt: skip
     edge = out / "edge"
     shutil.rmtree(edge, ignore_errors=True)
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         emulator = prepare(args.wheel.resolve(), args.out.resolve(), args.cache, args.guide)
-    except PrepareError as exc:
+    except EdgeError as exc:  # PrepareError, or pip's
         print(f"arm64: {exc}", file=sys.stderr)
         return 1
     (args.out / "emulator.json").write_text(json.dumps(emulator, indent=2) + "\n")

@@ -18,7 +18,8 @@ ships among it; ``VmRSS`` is read from ``/proc`` a few seconds after ``READY=1``
 cache, as after a device's boot (:func:`evict`), and ``/proc/PID/maps`` says which
 heavy libraries it loaded. With ``--aarch64`` the same extras are installed again for
 aarch64 (manylinux up to glibc 2.36) and CPython 3.11, Raspberry Pi OS bookworm's, with
-``pip install --platform --target``: measured, not run.
+``pip install --platform --target`` (tools/device_wheels.py, whose tags ``make
+test-arm64`` checks against the emulated device's pip): measured, not run.
 
 The full class talks to a gateway (``cloud-gateway serve`` from this environment) and a
 Mosquitto on loopback, so it needs this checkout's dev environment and ``mosquitto``.
@@ -46,16 +47,11 @@ from typing import Any
 from edge_core.errors import EdgeError
 from edge_core.processes import free_port, stop_process
 from edge_core.report import machine_info, publish, render_table
+from tools.device_wheels import install_for, pip
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench-results" / "footprint.json"
 DISK_TARGET_MB, RSS_TARGET_MB = 200.0, 80.0
-# Raspberry Pi OS bookworm (64-bit): glibc 2.36 takes every manylinux wheel up to 2_36
-# (pip does not widen a --platform to the older tags itself), and CPython 3.11
-AARCH64 = (
-    (*(f"manylinux_2_{minor}_aarch64" for minor in range(36, 16, -1)), "manylinux2014_aarch64"),
-    "3.11",
-)
 # the libraries whose memory matters, as their shared objects appear in /proc/PID/maps
 HEAVY = {"ai_edge_litert": "LiteRT", "onnxruntime": "ONNX Runtime", "cv2": "OpenCV",
          "PIL": "Pillow", "grpc": "grpc"}  # fmt: skip
@@ -138,33 +134,9 @@ def make_venv(folder: Path, wheel: Path, extras: str) -> Path:
         EdgeError: pip failed.
     """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-    _pip("--python", str(folder / "bin" / "python"), "install", f"{wheel}[{extras}]")
+    pip("--python", str(folder / "bin" / "python"), "install", f"{wheel}[{extras}]")
     (site,) = folder.glob("lib/python*/site-packages")
     return site
-
-
-def install_for(
-    folder: Path, wheel: Path, extras: str, platforms: tuple[str, ...], python: str
-) -> Path:
-    """``wheel[extras]`` as pip would install it on another machine (``--platform``,
-    ``--target``): what that machine would hold, not run here.
-
-    Raises:
-        EdgeError: pip failed (a dependency with no wheel for that platform).
-    """
-    chosen = [arg for platform in platforms for arg in ("--platform", platform)]
-    _pip("install", "--target", str(folder), *chosen, "--python-version", python,
-         "--implementation", "cp", "--only-binary=:all:", f"{wheel}[{extras}]")  # fmt: skip
-    return folder
-
-
-def _pip(*args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *args],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise EdgeError(f"pip {' '.join(args[:2])} failed: {done.stderr[-3000:]}")
 
 
 # -- the agent ------------------------------------------------------------------------------
@@ -353,7 +325,7 @@ def measure(
                 "disk_mb": _mb(total), "by_distribution_mb": _largest(by_name),
             }  # fmt: skip
             if aarch64:
-                target = install_for(folder / "aarch64", wheel, kind.extras, *AARCH64)
+                target = install_for(folder / "aarch64", [f"{wheel}[{kind.extras}]"])
                 arm_total, arm_by_name = disk_usage(target)
                 row["aarch64_disk_mb"] = _mb(arm_total)
                 row["aarch64_by_distribution_mb"] = _largest(arm_by_name)
