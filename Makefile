@@ -63,13 +63,14 @@ test: venv broker services browser fetch-models
 	$(PY) -m pytest
 
 # The emulated Raspberry Pi OS (64-bit) of test-arm64 is unpacked by mmdebstrap (Debian's
-# package), installed when missing.
+# package) and checked with Debian's keyring, installed when missing; QEMU comes from
+# Debian's trixie suite through tools/arm64.py's own apt lists.
 emulator:
-	@if command -v mmdebstrap >/dev/null 2>&1; then :; \
+	@if command -v mmdebstrap >/dev/null 2>&1 && [ -f /usr/share/keyrings/debian-archive-keyring.gpg ]; then :; \
 	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing mmdebstrap"; \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap debian-archive-keyring >/dev/null; \
 	else echo "warning: mmdebstrap is missing and cannot be installed here (not root); test-arm64 will fail"; fi
 
 # The wheel and its device install on aarch64: a bookworm arm64 userland under QEMU
@@ -78,7 +79,7 @@ emulator:
 ARM64_OUT := build/arm64
 test-arm64: wheel emulator
 	$(PY) tools/arm64.py --wheel "$$(ls -t dist/edge_inference-*.whl | head -1)" --out $(ARM64_OUT)
-	ARM64_EMULATOR=$(ARM64_OUT)/emulator.json $(PY) -m pytest tests/arm64 -v
+	ARM64_EMULATOR=$(ARM64_OUT)/emulator.json $(PY) -m pytest tests/arm64 -v -s
 
 # The sample models (each variant's answer and latency), then a gateway and an agent on
 # loopback: every policy decision, an update over the air, the gateway stopped. MQTT joins when mosquitto is installed (`make demo DEMO_FLAGS=--no-mqtt`: not);
