@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.cli.common import CliError, add_profiles_dir, print_json, profile_store
 from edge_agent.profiles import DeviceProfile
@@ -16,6 +16,10 @@ from edge_core.errors import PackageError
 from edge_core.fields import load_document
 from edge_core.package import MANIFEST, PRECISIONS, TASKS, Variant
 from edge_core.report import write_json
+
+if TYPE_CHECKING:
+    from edge_agent.toolchain.verify import BuildTolerance
+    from edge_core.package import ImagePreprocessing
 
 __all__ = ["register"]
 
@@ -176,28 +180,13 @@ def _build(args: argparse.Namespace) -> int:
     from edge_agent.toolchain.build import BuildRequest, build_package
     from edge_agent.toolchain.measure import MeasureSettings
     from edge_agent.toolchain.report import format_build
-    from edge_agent.toolchain.verify import BuildTolerance
-    from edge_core.manifest import load_package, parse_preprocessing
-    from edge_core.package import ManifestError
-    from edge_core.runtime import open_model
 
     here, _ = resolve_profile(None, profiles_dir=args.profiles_dir)
     profile = _profile(args) or here
     options = replace(here.runtime, warmup=max(here.runtime.warmup, 3))
     if args.threads is not None:
         options = replace(options, threads=args.threads)
-    preprocessing = None
-    if args.preprocessing is not None:
-        if args.source.is_dir():
-            inputs = load_package(args.source).inputs
-        else:
-            fmt = args.source.suffix.lstrip(".")
-            try:
-                inputs = open_model(fmt, args.source.read_bytes()).inputs
-            except (OSError, ValueError) as exc:
-                raise CliError(f"cannot open {args.source}: {exc}") from exc
-        document = load_document(args.preprocessing, ManifestError)
-        preprocessing = parse_preprocessing(document, inputs, args.preprocessing)
+    preprocessing = _preprocessing(args)
     seconds = args.bench_seconds
     request = BuildRequest(
         source=args.source,
@@ -211,14 +200,7 @@ def _build(args: argparse.Namespace) -> int:
         labels=_labels(args.labels),
         precisions=tuple(args.precision or PRECISIONS),
         methods=tuple(args.method or ("MinMax", "Entropy", "Percentile")),
-        tolerance=BuildTolerance(
-            min_agreement=args.min_agreement,
-            min_class_agreement=args.min_class_agreement,
-            max_accuracy_drop_points=args.max_accuracy_drop,
-            min_iou=args.min_iou,
-            threshold=args.threshold,
-            max_relative_error=args.max_relative_error,
-        ),
+        tolerance=_tolerance(args),
         calibration_count=args.calibration_count,
         evaluation_count=args.eval_count,
         fp16_guard=not args.no_fp16_guard,
@@ -237,3 +219,38 @@ def _build(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, report)
     return 0
+
+
+def _preprocessing(args: argparse.Namespace) -> ImagePreprocessing | None:
+    """``--preprocessing``'s table, checked against the source's inputs (``None``
+    without it)."""
+    from edge_core.manifest import load_package, parse_preprocessing
+    from edge_core.package import ManifestError
+    from edge_core.runtime import open_model
+
+    if args.preprocessing is None:
+        return None
+    if args.source.is_dir():
+        inputs = load_package(args.source).inputs
+    else:
+        fmt = args.source.suffix.lstrip(".")
+        try:
+            inputs = open_model(fmt, args.source.read_bytes()).inputs
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot open {args.source}: {exc}") from exc
+    document = load_document(args.preprocessing, ManifestError)
+    return parse_preprocessing(document, inputs, args.preprocessing)
+
+
+def _tolerance(args: argparse.Namespace) -> BuildTolerance:
+    """How far a variant may stray from its source, from the command's options."""
+    from edge_agent.toolchain.verify import BuildTolerance
+
+    return BuildTolerance(
+        min_agreement=args.min_agreement,
+        min_class_agreement=args.min_class_agreement,
+        max_accuracy_drop_points=args.max_accuracy_drop,
+        min_iou=args.min_iou,
+        threshold=args.threshold,
+        max_relative_error=args.max_relative_error,
+    )

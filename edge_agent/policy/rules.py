@@ -154,7 +154,41 @@ def parse_policy(
     """
     fields = Fields(data, path=path, error=PolicyError, reads=reads)
     defaults = PolicyRules()
-    sens = fields.table("sensitivity", None)
+    sensitivity = _sensitivity(fields.table("sensitivity", None), defaults)
+    default_fields = fields.table("defaults", None)
+    default_placement = default_fields.string("placement", "either", choices=PLACEMENTS)
+    prefer = default_fields.string(
+        "prefer", getattr(device, "prefer", "local"), choices=["local", "cloud"]
+    )
+    default_fields.done()
+    models = _model_rules(fields.table("models", None), default_placement)
+    on_device = _device_rules(fields.table("device", None), device)
+    deadline = fields.table("deadline", None)
+    margin = deadline.number("margin_ms", 2.0, minimum=0.0)
+    deadline.done()
+    redaction = fields.table("redaction", None)
+    mode = redaction.string("mode", defaults.redaction_mode, choices=REDACTION_MODES)
+    mask_scale = redaction.number("mask_scale", defaults.mask_scale, minimum=1.0, maximum=4.0)
+    redaction.done()
+    fields.integer("version", 1, minimum=1)
+    fields.done()
+    return PolicyRules(
+        **sensitivity,
+        default_placement=default_placement,
+        prefer=prefer,
+        models=models,
+        **on_device,
+        deadline_margin_ms=margin,
+        redaction_mode=mode,
+        mask_scale=mask_scale,
+        source=path,
+    )
+
+
+def _sensitivity(sens: Fields, defaults: PolicyRules) -> dict[str, Any]:
+    """``[sensitivity]``: how far each label may leave, the default label and the
+    labels findings give; a more sensitive label never leaves more freely than a
+    less sensitive one (the order of :data:`LABELS` is the order of sensitivity)."""
     leave = {
         label: sens.string(label, defaults.leave[label], choices=LEAVE_MODES) for label in LABELS
     }
@@ -171,14 +205,13 @@ def parse_policy(
             None,
             "a more sensitive label may not leave the device more freely than a less sensitive one",
         )
-    default_fields = fields.table("defaults", None)
-    default_placement = default_fields.string("placement", "either", choices=PLACEMENTS)
-    prefer = default_fields.string(
-        "prefer", getattr(device, "prefer", "local"), choices=["local", "cloud"]
-    )
-    default_fields.done()
+    return {"leave": leave, "default_label": default_label, "finding_labels": findings}
+
+
+def _model_rules(model_fields: Fields, default_placement: str) -> dict[str, ModelRule]:
+    """``[models.NAME]``: where each model runs and whom it escalates to (both or
+    neither of ``escalate_to`` and ``escalate_below``; never itself)."""
     models: dict[str, ModelRule] = {}
-    model_fields = fields.table("models", None)
     for name in model_fields.names():
         entry = model_fields.table(name)
         rule = ModelRule(
@@ -193,37 +226,21 @@ def parse_policy(
         entry.done()
         models[name] = rule
     model_fields.done()
-    device_fields = fields.table("device", None)
-    offload_when_throttled = device_fields.boolean(
-        "offload_when_throttled", getattr(device, "offload_when_throttled", True)
-    )
-    max_cpu_load = device_fields.number("max_cpu_load", 0.9, minimum=0.0)
-    local_when_critical = device_fields.boolean("local_when_critical", False)
+    return models
+
+
+def _device_rules(device_fields: Fields, device: Any) -> dict[str, Any]:
+    """``[device]``: what the device's state does to a decision; the profile's
+    preference where the file is silent."""
+    rules = {
+        "offload_when_throttled": device_fields.boolean(
+            "offload_when_throttled", getattr(device, "offload_when_throttled", True)
+        ),
+        "max_cpu_load": device_fields.number("max_cpu_load", 0.9, minimum=0.0),
+        "local_when_critical": device_fields.boolean("local_when_critical", False),
+    }
     device_fields.done()
-    deadline = fields.table("deadline", None)
-    margin = deadline.number("margin_ms", 2.0, minimum=0.0)
-    deadline.done()
-    redaction = fields.table("redaction", None)
-    mode = redaction.string("mode", defaults.redaction_mode, choices=REDACTION_MODES)
-    mask_scale = redaction.number("mask_scale", defaults.mask_scale, minimum=1.0, maximum=4.0)
-    redaction.done()
-    fields.integer("version", 1, minimum=1)
-    fields.done()
-    return PolicyRules(
-        leave=leave,
-        default_label=default_label,
-        finding_labels=findings,
-        default_placement=default_placement,
-        prefer=prefer,
-        models=models,
-        offload_when_throttled=offload_when_throttled,
-        max_cpu_load=max_cpu_load,
-        local_when_critical=local_when_critical,
-        deadline_margin_ms=margin,
-        redaction_mode=mode,
-        mask_scale=mask_scale,
-        source=path,
-    )
+    return rules
 
 
 def load_policy(path: Path, *, device: Any = None, reads: list[Read] | None = None) -> PolicyRules:

@@ -137,6 +137,58 @@ def redact_video(
         MissingExtraError: OpenCV is not installed (the ``video`` extra).
     """
     cv2 = opencv("redacting a video")
+    capture = _open(cv2, source, max_pixels, max_frames)
+    fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
+    counts = _Counts()
+    started = time.perf_counter()
+    frames = _detected(cv2, capture, source, detector, counts, max_pixels, max_frames)
+    writer: Any = None
+    complete = False
+    try:
+        for rgb, faces in carried(frames, keep):
+            if checker is not None:
+                out, left = redact_faces(rgb, faces, checker, redaction)
+                counts.left += bool(left)
+            else:
+                out = hide(rgb, faces, redaction)
+            if writer is None:
+                writer = _writer(target, fps, out.shape[1], out.shape[0])
+            writer.write(cv2.cvtColor(out, cv2.COLOR_RGB2BGR))
+            if on_frame is not None:
+                on_frame(counts.frames, faces)
+            counts.frames += 1
+        complete = True
+    finally:
+        capture.release()
+        if writer is not None:
+            writer.release()
+            if not complete:
+                target.unlink(missing_ok=True)  # a video cut short is no redacted copy
+    if counts.frames == 0:
+        raise InputError(f"{source} has no frame OpenCV can decode")
+    return VideoResult(
+        frames=counts.frames,
+        frames_with_faces=counts.with_faces,
+        faces=counts.faces,
+        checked=checker is not None,
+        left_visible=counts.left,
+        seconds=time.perf_counter() - started,
+        output=target,
+    )
+
+
+@dataclass
+class _Counts:
+    """What :func:`redact_video` has seen so far."""
+
+    frames: int = 0
+    with_faces: int = 0
+    faces: int = 0
+    left: int = 0
+
+
+def _open(cv2: Any, source: Path, max_pixels: int, max_frames: int) -> Any:
+    """``source`` opened, and held to the limits by what its container says."""
     capture = cv2.VideoCapture(str(source))
     if not capture.isOpened():
         raise InputError(f"cannot read {source} as a video")
@@ -145,58 +197,33 @@ def redact_video(
     except InputError:
         capture.release()
         raise
-    fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
-    writer: Any = None
-    counts = {"frames": 0, "with_faces": 0, "faces": 0, "left": 0}
-    started = time.perf_counter()
+    return capture
 
-    def frames() -> Iterator[tuple[Array, list[Face]]]:
-        for index in itertools.count():
-            ok, bgr = capture.read()
-            if not ok:
-                return
-            if index >= max_frames:
-                raise InputError(f"{source} has more than {max_frames:,} frames (max_video_frames)")
-            height, width = bgr.shape[:2]  # a header that lied: held to the limit all the same
-            check_pixels(ImageHeader("video", width, height), max_pixels, f"a frame of {source}")
-            rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-            faces = detector.detect(rgb)
-            counts["with_faces"] += bool(faces)
-            counts["faces"] += len(faces)
-            yield rgb, faces
 
-    complete = False
-    try:
-        for rgb, faces in carried(frames(), keep):
-            if checker is not None:
-                out, left = redact_faces(rgb, faces, checker, redaction)
-                counts["left"] += bool(left)
-            else:
-                out = hide(rgb, faces, redaction)
-            if writer is None:
-                writer = _writer(target, fps, out.shape[1], out.shape[0])
-            writer.write(cv2.cvtColor(out, cv2.COLOR_RGB2BGR))
-            if on_frame is not None:
-                on_frame(counts["frames"], faces)
-            counts["frames"] += 1
-        complete = True
-    finally:
-        capture.release()
-        if writer is not None:
-            writer.release()
-            if not complete:
-                target.unlink(missing_ok=True)  # a video cut short is no redacted copy
-    if counts["frames"] == 0:
-        raise InputError(f"{source} has no frame OpenCV can decode")
-    return VideoResult(
-        frames=counts["frames"],
-        frames_with_faces=counts["with_faces"],
-        faces=counts["faces"],
-        checked=checker is not None,
-        left_visible=counts["left"],
-        seconds=time.perf_counter() - started,
-        output=target,
-    )
+def _detected(
+    cv2: Any,
+    capture: Any,
+    source: Path,
+    detector: FaceFinder,
+    counts: _Counts,
+    max_pixels: int,
+    max_frames: int,
+) -> Iterator[tuple[Array, list[Face]]]:
+    """Each frame of ``capture`` in RGB with the faces ``detector`` found in it, each
+    frame held to the limits as it is decoded (a container's header may lie)."""
+    for index in itertools.count():
+        ok, bgr = capture.read()
+        if not ok:
+            return
+        if index >= max_frames:
+            raise InputError(f"{source} has more than {max_frames:,} frames (max_video_frames)")
+        height, width = bgr.shape[:2]
+        check_pixels(ImageHeader("video", width, height), max_pixels, f"a frame of {source}")
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        faces = detector.detect(rgb)
+        counts.with_faces += bool(faces)
+        counts.faces += len(faces)
+        yield rgb, faces
 
 
 def video_limits(capture: Any, source: str, max_pixels: int, max_frames: int) -> None:

@@ -71,28 +71,9 @@ class Streams:
         self.streams: dict[str, Stream] = {}
         self.sinks: dict[str, Sink] = {}
         looked_up = check if check is not None else agent()
-        packages = {}
-        for entry in settings:  # every stream checked before any sink is opened
-            package = looked_up.package(entry.model)
-            if package is None:
-                raise ConfigError(
-                    f"stream {entry.name}: model {entry.model!r} is not on this device (a "
-                    "stream preprocesses its frames as the model's manifest says)"
-                )
-            if package.preprocessing is None:
-                raise ConfigError(
-                    f"stream {entry.name}: model {entry.model} takes no pictures (its "
-                    "manifest has no image preprocessing)"
-                )
-            if entry.sink == "mqtt" and connection is None:
-                raise ConfigError(f"stream {entry.name}: sink mqtt needs an [mqtt] section")
-            folder = Path(entry.sink.removeprefix("jsonl:")).parent
-            if entry.sink.startswith("jsonl:") and not folder.is_dir():
-                raise ConfigError(
-                    f"stream {entry.name}: cannot open {entry.sink.removeprefix('jsonl:')} "
-                    f"for its results: no folder {folder}"
-                )
-            packages[entry.name] = package
+        packages = {  # every stream checked before any sink is opened
+            entry.name: _checked(entry, looked_up, connection) for entry in settings
+        }
 
         def infer(model: str, inputs: Any, **kwargs: Any) -> Any:
             return agent().infer(model, inputs, **kwargs)
@@ -167,3 +148,32 @@ class Streams:
             entry["sink_dropped"] = self.sinks[name].dropped
             out[name] = entry
         return out
+
+
+def _checked(entry: StreamSettings, agent: Any, connection: Any) -> Any:
+    """The package of ``entry``'s model on ``agent``, once the stream can run: its
+    model is on the device and takes pictures, and its sink can be opened.
+
+    Raises:
+        ConfigError: it cannot.
+    """
+    package = agent.package(entry.model)
+    if package is None:
+        raise ConfigError(
+            f"stream {entry.name}: model {entry.model!r} is not on this device (a "
+            "stream preprocesses its frames as the model's manifest says)"
+        )
+    if package.preprocessing is None:
+        raise ConfigError(
+            f"stream {entry.name}: model {entry.model} takes no pictures (its "
+            "manifest has no image preprocessing)"
+        )
+    if entry.sink == "mqtt" and connection is None:
+        raise ConfigError(f"stream {entry.name}: sink mqtt needs an [mqtt] section")
+    folder = Path(entry.sink.removeprefix("jsonl:")).parent
+    if entry.sink.startswith("jsonl:") and not folder.is_dir():
+        raise ConfigError(
+            f"stream {entry.name}: cannot open {entry.sink.removeprefix('jsonl:')} "
+            f"for its results: no folder {folder}"
+        )
+    return package
