@@ -34,6 +34,7 @@ from cloud_gateway.config import GatewayConfig
 from cloud_gateway.metrics import GatewayMetrics
 from cloud_gateway.remote.backend import RemoteBackend
 from cloud_gateway.repository import LoadedModel, ServingRepository
+from edge_core import __version__
 from edge_core.errors import BadRequest, DeadlineExceeded, EngineError
 from edge_core.names import check_model_name, is_model_name, parse_version
 from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
@@ -45,7 +46,7 @@ __all__ = ["SERVER_NAME", "DataPlane"]
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "edge-inference-gateway"
-SERVER_VERSION = "0.1.0"
+SERVER_VERSION = __version__
 EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy"]
 # A call ended this close to its deadline is counted as past it. gRPC's own timer ends
 # a call at about the deadline computed from it here, but a client's timer starts

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edge_core import __version__
 from edge_core.lazy import lazy_exports
-
-__version__ = "0.1.0"
 
 # name -> the module that defines it
 _EXPORTS = {

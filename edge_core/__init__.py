@@ -14,4 +14,5 @@ it imports neither, and they never import each other (an import contract in
 nothing but itself: each module is imported where it is used.
 """
 
-__version__ = "0.1.0"
+# the release of all three packages (one wheel): pyproject.toml reads it here
+__version__ = "0.3.0"

@@ -94,7 +94,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         guide_block()
         .replace("/opt/edge-agent", str(prefix))
         .replace("/etc/edge-agent", str(etc))
-        .replace("./edge_inference-0.1.0-py3-none-any.whl", str(wheel))
+        .replace(f"./{wheel.name}", str(wheel))  # the guide names the wheel built
         .replace("service install ", f"service install --unit-dir {units} ")
         .replace("http_port = 8080", f"http_port = {http_port}")
         .replace("grpc_port = 8081", f"grpc_port = {grpc_port}")

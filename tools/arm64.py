@@ -27,7 +27,7 @@ or anything else that spawns an interpreter runs) and ``emulator.json``, which t
 tests read. Each cached piece is built in a temporary folder and renamed into place:
 an interrupted run leaves nothing half made, and checkouts can share the cache::
 
-    python tools/arm64.py --wheel dist/edge_inference-0.1.0-py3-none-any.whl --out build/arm64
+    python tools/arm64.py --wheel dist/edge_inference-0.3.0-py3-none-any.whl --out build/arm64
 """
 
 from __future__ import annotations

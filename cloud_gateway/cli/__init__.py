@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloud_gateway.cli import db_cmd, device_cmd, ota_cmd, rollout_cmd, serve_cmd
+from edge_core import __version__
 from edge_core.cli import run_command
 from edge_core.errors import EdgeError
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The cloud gateway: Open Inference Protocol over REST, gRPC and MQTT.",
     )
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", type=Path, help="gateway configuration file (TOML)")
     parser.add_argument(
         "--state-dir",

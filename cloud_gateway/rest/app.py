@@ -37,6 +37,7 @@ from cloud_gateway.ota.service import OtaService
 from cloud_gateway.rest.body import read_body
 from cloud_gateway.rest.infer import error_response, run_infer
 from cloud_gateway.rest.ota import add_ota_routes
+from edge_core import __version__
 from edge_core.errors import EdgeError, PermissionDenied, RequestError, Unavailable
 from edge_core.protocol.rest import load_json
 from edge_core.status import status_of
@@ -104,7 +105,7 @@ def create_app(
     ingest and the dashboard when given)."""
     app = FastAPI(
         title="edge-inference gateway",
-        version="0.1.0",
+        version=__version__,
         description="The Open Inference Protocol (KServe v2) with the binary tensor extension.",
         docs_url=None,
         redoc_url=None,

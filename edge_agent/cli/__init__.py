@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from edge_agent.cli.arm32 import arm32_refusal_here
+from edge_core import __version__
 
 __all__ = ["main"]
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Edge inference agent: run models on this device, offload to the cloud.",
     )
     parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     profile_cmd.register(commands)
     models = models_cmd.register(commands)

@@ -36,6 +36,7 @@ from typing import Any
 from edge_agent.config import ApiSettings
 from edge_agent.service.frontend import LocalService
 from edge_agent.service.metrics import CONTENT_TYPE
+from edge_core import __version__
 from edge_core.errors import InputError, PayloadTooLarge, ProtocolError
 from edge_core.fields import is_decimal
 from edge_core.protocol.rest import HEADER_LENGTH, decode_infer_request, encode_infer_response
@@ -45,7 +46,7 @@ __all__ = ["HttpApi"]
 
 log = logging.getLogger(__name__)
 
-SERVER = {"name": "edge-agent", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+SERVER = {"name": "edge-agent", "version": __version__, "extensions": ["binary_tensor_data"]}
 _MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?$")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _EVENTS = re.compile(r"^/v2/streams/([A-Za-z0-9][A-Za-z0-9._-]{0,63})/events$")
