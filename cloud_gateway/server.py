@@ -107,6 +107,22 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
+def _pending_call_limits(streams: int) -> list[tuple[str, int]]:
+    """grpc's limits on calls it accepted that the gateway has not yet taken: past the
+    soft one it drops new calls at random, past the hard one all (CANCELLED).
+
+    A connection counts a call against its stream limit until the gateway released it,
+    so one connection, however it abuses its streams, holds at most ``streams`` pending
+    calls: the soft limit is twice that, the hard one four times, and only several
+    connections at their limit make grpc shed. At grpc's own 1000 and 3000, one
+    rapid-reset connection at a limit of 1000 kept the queue at the soft limit, and
+    honest clients on other connections lost a call in a few hundred."""
+    return [
+        ("grpc.server.max_pending_requests", 2 * streams),
+        ("grpc.server.max_pending_requests_hard_limit", 4 * streams),
+    ]
+
+
 def _uvicorn_tls(tls: ServerTLSSettings | None) -> dict[str, Any]:
     """uvicorn's settings for the REST front end's TLS (none without ``[tls]``)."""
     if tls is None:
@@ -384,6 +400,9 @@ class Gateway:
             # the calls one client process keeps open
             ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
             ("grpc.http.overload_protection", 1),
+            # calls accepted and not yet taken by the gateway, above what one
+            # connection can hold
+            *_pending_call_limits(limits.grpc_max_concurrent_streams),
         ]
         server = grpc.aio.server(options=options)
         add_to_server(InferenceServicer(self.plane, self.access), server)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.config import BatchingSettings
+from cloud_gateway.config import BatchingSettings, ConnectionSettings
 from tools import make_wide_mlp
 from tools.grpc_clients import Load, closed_loop
 
@@ -146,10 +146,20 @@ class RapidReset:
         self._reader.join(timeout=PATIENCE)
 
 
+@pytest.mark.parametrize("streams", [None, 4096], ids=["default", "streams=4096"])
 def test_a_rapid_reset_connection_is_refused_and_others_are_served(
-    tmp_path: Path, wide_models: Path
+    tmp_path: Path, wide_models: Path, streams: int | None
 ) -> None:
-    handle = start_gateway(tmp_path, wide_models, poll_interval_s=0.0)
+    """The clients beside a rapid-reset connection are answered, none cancelled: the
+    calls it holds never fill grpc's queue of calls not yet taken, at the default
+    stream limit (at grpc's own queue limits it cost them a call in a few hundred) or
+    one an operator raised past those limits (it cost them most of their calls)."""
+    connections = (
+        ConnectionSettings()
+        if streams is None
+        else ConnectionSettings(grpc_max_concurrent_streams=streams)
+    )
+    handle = start_gateway(tmp_path, wide_models, poll_interval_s=0.0, connections=connections)
     attacker = RapidReset(handle)
     result: dict[str, Load] = {}
     honest = threading.Thread(
