@@ -57,6 +57,7 @@ from cloud_gateway.rest.infer import InferFront
 from cloud_gateway.state import StateDatabase, upgrade
 from edge_core.errors import ConfigError
 from edge_core.loops import loop_kind, new_event_loop
+from edge_core.memory import TRIM_INTERVAL_S, HeapTrimmer
 
 __all__ = ["Gateway", "GatewayThread"]
 
@@ -246,6 +247,7 @@ class Gateway:
             self._poll_task = loop.create_task(self._poll())
         self._watch_tasks.append(loop.create_task(self._heard_loop()))
         self._watch_tasks.append(loop.create_task(self._telemetry_loop()))
+        self._watch_tasks.append(loop.create_task(self._trim_loop()))
 
     def _pin_front_ends(self) -> None:
         """With ``inference_cpus``: the loop's thread, and the gRPC and uvicorn threads it
@@ -458,6 +460,14 @@ class Gateway:
         while True:
             await asyncio.sleep(HEARD_INTERVAL_S)
             await self._record_heard()
+
+    async def _trim_loop(self) -> None:
+        """Give back what large requests left free in the heap (:class:`HeapTrimmer`),
+        off the event loop."""
+        trimmer, loop = HeapTrimmer(), asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            await loop.run_in_executor(None, trimmer.check)
 
     async def _telemetry_loop(self) -> None:
         """Write the telemetry taken in the last second, in one batch off the event loop;

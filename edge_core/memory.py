@@ -8,7 +8,9 @@ changing threads then keeps what its largest request took, arena by arena, none 
 in use ([Limits and timeouts](docs/limits.md) has the figures). A fixed threshold
 keeps every large buffer in its own mapping, returned to the system when it is
 freed, for a page fault a page when it is made. :func:`give_back_large_buffers` sets
-it, once, at the start of each command; elsewhere than glibc it does nothing.
+it, once, at the start of each command; elsewhere than glibc it does nothing. What
+smaller buffers leave free inside the arenas a server gives back with a
+:class:`HeapTrimmer`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["LARGE_BUFFER", "give_back_large_buffers"]
+__all__ = ["LARGE_BUFFER", "HeapTrimmer", "give_back_large_buffers"]
 
 LARGE_BUFFER = 256 * 1024  # a buffer from this size on has its own mapping
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
@@ -27,12 +32,88 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 def give_back_large_buffers() -> bool:
     """Fix glibc's mmap threshold at :data:`LARGE_BUFFER`; whether it was set (``False``
     on a C library without ``mallopt``, such as musl's)."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return False
+    mallopt = _libc_function("mallopt")
     if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER))
+
+
+GROWTH_TO_TRIM = 16 * 1024 * 1024  # resident memory grown this much since the last trim
+TRIM_INTERVAL_S = 1.0  # how often a server calls HeapTrimmer.check
+
+
+class HeapTrimmer:
+    """Gives back the heap pages that freed buffers left, once the process has grown.
+
+    A buffer under :data:`LARGE_BUFFER` comes from a heap arena: a request read in
+    small pieces (an HTTP body in socket reads, a gRPC message in slices) leaves its
+    pieces free in the middle of an arena when it ends, and the arena keeps them. A
+    gateway sent one 60 MB request after another kept 50 MB more every few of them,
+    none of it in use. :meth:`check` asks glibc's ``malloc_trim`` to give free pages
+    back when resident memory has grown by ``growth`` bytes since it last did, and
+    once more when it has stopped growing (a trim in the middle of requests keeps
+    what they still hold); a trim walks every arena, so it is not done after every
+    request, and memory in use only moves the mark up. Where ``/proc`` or
+    ``malloc_trim`` are missing it does nothing."""
+
+    def __init__(
+        self,
+        growth: int = GROWTH_TO_TRIM,
+        *,
+        statm: str = "/proc/self/statm",
+        trim: Callable[[], object] | None = None,
+    ) -> None:
+        self.growth = growth
+        self.trims = 0
+        self._statm = statm
+        self._trim = trim if trim is not None else _malloc_trim()
+        self._mark = self._last = self.resident()
+        self._settled = True  # no trim since the last one in a quiet moment
+
+    def resident(self) -> int | None:
+        """The process's resident memory in bytes (``None`` without ``/proc``)."""
+        try:
+            with open(self._statm, "rb") as statm:
+                return int(statm.read().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def check(self) -> bool:
+        """Trim if resident memory grew by ``growth`` since the last trim, or has
+        stopped growing since a trim while it grew; whether it did."""
+        now, last = self.resident(), self._last
+        self._last = now
+        if self._trim is None or now is None or self._mark is None or last is None:
+            return False
+        if now >= self._mark + self.growth:
+            self._settled = False
+        elif self._settled or now > last:
+            self._mark = min(self._mark, now)
+            return False
+        else:
+            self._settled = True  # it grew, and now it does not: the burst is over
+        self._trim()
+        self.trims += 1
+        self._mark = self._last = self.resident()
+        return True
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _libc_function(name: str) -> Any:
+    """The C library's function ``name``, or ``None`` where it has none."""
+    library = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(library), name) if library else None
+    except (OSError, AttributeError):
+        return None
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    trim = _libc_function("malloc_trim")
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return lambda: trim(0)

@@ -146,17 +146,18 @@ def test_the_gateway_refuses_more_rows_than_it_batches_and_stays_bounded(
 ) -> None:
     """Up to ``max_batch_size`` rows (32) are answered; more, up to what the body limit
     holds (245,760 rows of 64 floats), are a 400 / INVALID_ARGUMENT naming the limit,
-    over both protocols; what six of the largest leave does not grow with their number
-    (the last three keep no more than the first three, within a glibc arena's
-    fluctuation)."""
+    over both protocols; the memory six of the largest took is given back within a few
+    seconds of the last (it was kept, and grew with their number: 274 to 396 MB)."""
     replica, token = gateway
     headers = {"authorization": f"Bearer {token}"}
     clients = (
         (thttp, thttp.InferenceServerClient(replica.http_url, network_timeout=120)),
         (tgrpc, tgrpc.InferenceServerClient(replica.grpc_url)),
     )
-    kept = []
+    before = 0
     for rows in (1, 32, 33, 4096, *[245_760] * 6):
+        if rows == 245_760 and not before:
+            before = memory(replica.process.pid)["VmRSS"]
         for module, client in clients:
             pixels = module.InferInput("pixels", [rows, 64], "FP32")
             pixels.set_data_from_numpy(np.zeros((rows, 64), np.float32))
@@ -167,10 +168,12 @@ def test_the_gateway_refuses_more_rows_than_it_batches_and_stays_bounded(
             with pytest.raises(InferenceServerException, match="max_batch_size") as caught:
                 client.infer("digits-heavy", [pixels], headers=dict(headers))
             assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
-        if rows == 245_760:
-            kept.append(memory(replica.process.pid)["VmRSS"])
     peak = memory(replica.process.pid)["VmHWM"]
     assert peak < 800, peak
-    assert max(kept[3:]) < max(kept[:3]) + 100, kept
+    kept = [memory(replica.process.pid)["VmRSS"]]
+    while kept[-1] > before + 40 and len(kept) < 20:  # the gateway looks once a second
+        time.sleep(0.5)
+        kept.append(memory(replica.process.pid)["VmRSS"])
+    assert kept[-1] <= before + 40, (before, kept)
     for _, client in clients:
         client.close()

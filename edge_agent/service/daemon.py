@@ -49,6 +49,7 @@ from edge_agent.service.notify import Notifier
 from edge_agent.service.thermal import ThermalController
 from edge_agent.streams import Streams
 from edge_core.errors import ConfigError, EdgeError
+from edge_core.memory import HeapTrimmer
 from edge_core.repository import ModelRepository
 
 __all__ = ["Daemon"]
@@ -383,14 +384,19 @@ class Daemon:
     # -- the main thread ------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Start, serve until SIGTERM or SIGINT (reloading on SIGHUP), stop; the exit code."""
+        """Start, serve until SIGTERM or SIGINT (reloading on SIGHUP), stop; the exit code.
+
+        The main loop wakes every second: it beats for the watchdog and gives back what
+        large requests left free in the heap (:class:`~edge_core.memory.HeapTrimmer`)."""
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
         self.start()
         reloading: threading.Thread | None = None
+        trimmer = HeapTrimmer()
         while not self._stop.wait(1.0):
             self._heartbeat = time.monotonic()
+            trimmer.check()
             if self._reload.is_set() and (reloading is None or not reloading.is_alive()):
                 # on a thread: building a new agent may take long (engines, warm-up), and
                 # the watchdog must go on hearing from the main loop meanwhile
