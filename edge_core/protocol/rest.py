@@ -180,41 +180,61 @@ def decode_infer_request(
     sizes: list[int] | None = [] if keep_raw else None  # each input's bytes, while all binary
     offset = 0
     for index, item in enumerate(raw_inputs):
-        where = f"inputs[{index}]"
-        if not isinstance(item, dict):
-            raise ProtocolError(f"{where} must be an object")
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            raise ProtocolError(f"{where}: 'name' must be a non-empty string")
-        where = f"input {name!r}"
-        if name in inputs:
-            raise ProtocolError(f"{where} is given twice")
-        datatype = check_datatype(item.get("datatype"), where)
-        shape = check_shape(item.get("shape"), where)
-        parameters = _parameters(item.get("parameters"), where)
-        size = parameters.get("binary_data_size")
-        if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
-            if offset + size > len(binary):
-                raise ProtocolError(
-                    f"{where}: binary_data_size {size} goes past the end of the body "
-                    f"({len(binary) - offset} bytes left)"
-                )
-            inputs[name] = array_from_bytes(binary[offset : offset + size], datatype, shape, where)
+        name, datatype, array, size = _decode_input(item, index, inputs, binary, offset)
+        inputs[name], datatypes[name] = array, datatype
+        if size is None:
+            sizes = None  # an input in JSON: the request is not kept
+        else:
             offset += size
             if sizes is not None:
                 sizes.append(size)
-        elif "data" in item:
-            inputs[name] = _json_data(item["data"], datatype, shape, where)
-            sizes = None  # an input in JSON: the request is not kept
-        else:
-            raise ProtocolError(f"{where} has neither 'data' nor 'binary_data_size'")
-        datatypes[name] = datatype
     if offset != len(binary):
         raise ProtocolError(
             f"the body has {len(binary) - offset} bytes of binary data that no input claims"
         )
+    raw = None if sizes is None else RawRequest(tuple(sizes), binary)
+    return _infer_request(document, inputs, datatypes, raw)
+
+
+def _decode_input(
+    item: Any, index: int, seen: dict[str, Array], binary: memoryview, offset: int
+) -> tuple[str, str, Array, int | None]:
+    """Entry ``index`` of a request's ``inputs``: its name, datatype and array, and the
+    bytes of binary data it took from ``offset`` on (``None``: it came as JSON)."""
+    where = f"inputs[{index}]"
+    if not isinstance(item, dict):
+        raise ProtocolError(f"{where} must be an object")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"{where}: 'name' must be a non-empty string")
+    where = f"input {name!r}"
+    if name in seen:
+        raise ProtocolError(f"{where} is given twice")
+    datatype = check_datatype(item.get("datatype"), where)
+    shape = check_shape(item.get("shape"), where)
+    size = _parameters(item.get("parameters"), where).get("binary_data_size")
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
+        if offset + size > len(binary):
+            raise ProtocolError(
+                f"{where}: binary_data_size {size} goes past the end of the body "
+                f"({len(binary) - offset} bytes left)"
+            )
+        array = array_from_bytes(binary[offset : offset + size], datatype, shape, where)
+        return name, datatype, array, size
+    if "data" in item:
+        return name, datatype, _json_data(item["data"], datatype, shape, where), None
+    raise ProtocolError(f"{where} has neither 'data' nor 'binary_data_size'")
+
+
+def _infer_request(
+    document: dict[str, Any],
+    inputs: dict[str, Array],
+    datatypes: dict[str, str],
+    raw: RawRequest | None,
+) -> InferRequest:
+    """The request of ``document``'s outputs, parameters and id around its inputs."""
     outputs = _requested_outputs(document.get("outputs"))
     parameters = _parameters(document.get("parameters"), "request")
     request_id = document.get("id", "")
@@ -230,7 +250,7 @@ def decode_infer_request(
         outputs=outputs,
         parameters=parameters,
         binary_output=binary_output,
-        raw=None if sizes is None else RawRequest(tuple(sizes), binary),
+        raw=raw,
     )
     _ = request.timeout_us  # validated here, used by the data plane
     return request
