@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_gateway.bench import load
+from benchmarks.gateway.limits import load
 
 from .support.gateway import GatewayHandle
 

@@ -1,7 +1,7 @@
 """Measure face detectors' recall, false alarms and time; the eval behind the default.
 
-The same as ``edge-agent bench privacy`` (:mod:`edge_agent.bench.faces` and
-:mod:`edge_agent.bench.privacy_video`): every detector configuration on the
+The same as ``python -m benchmarks privacy`` (:mod:`benchmarks.agent.faces` and
+:mod:`benchmarks.agent.privacy_video`): every detector configuration on the
 same synthetic scenes (faces of 24 to 192 px under eight distortions, a few to
 a 640x480 scene) and the twenty face-free scikit-image photographs, then
 ``redact`` on a video it writes. Prints the tables and writes JSON::

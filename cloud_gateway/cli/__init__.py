@@ -16,10 +16,6 @@
     cloud-gateway rollout pause|resume|abort --name N [--version V] [--group G]
     cloud-gateway mqtt acl --out DIR [--gateway-user NAME]
     cloud-gateway db upgrade                      (the state database's schema, and old files)
-    cloud-gateway bench [--json FILE] [--chart FILE]
-    cloud-gateway bench remote [--engine-grpc URL --engine-http URL] [--json FILE]
-    cloud-gateway bench fleet --devices N [--replicas 1|2] [--json FILE]
-    cloud-gateway bench dashboard --devices N [--browser] [--json FILE]
 
 Every command that reads or changes state opens the same database: ``--state URL``,
 else the configuration's ``state``, else SQLite in the state directory.
