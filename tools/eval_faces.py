@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.cli import main as edge_agent
+from benchmarks.__main__ import main as benchmarks
 
 if __name__ == "__main__":
-    raise SystemExit(edge_agent(["bench", "privacy", *sys.argv[1:]]))
+    raise SystemExit(benchmarks(["privacy", *sys.argv[1:]]))
