@@ -25,6 +25,7 @@ from benchmarks.peers.compare import (
 )
 from benchmarks.peers.envs import ensure_env, installed
 from edge_core.manifest import load_package
+from tests.support.paths import ROOT
 from tools import make_wide_mlp
 
 
@@ -144,7 +145,7 @@ def test_the_cpu_a_request_took_is_summarized_and_shown_beside_the_rates() -> No
 
 def test_a_baseline_from_before_busy_delay_runs_without_it(tmp_path: Path) -> None:
     assert knows_busy_delay(None)  # this code
-    assert knows_busy_delay(Path(__file__).resolve().parents[1])  # a checkout of it
+    assert knows_busy_delay(ROOT)  # a checkout of it
     old = tmp_path / "old" / "cloud_gateway"
     old.mkdir(parents=True)
     (old / "config.py").write_text("max_queue_delay_us: int = 0\n")
@@ -184,7 +185,7 @@ def test_the_wide_mlp_is_deterministic_and_batch_independent(tmp_path: Path) -> 
 
 
 def test_the_tool_runs_as_a_script(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     done = subprocess.run(
         [sys.executable, str(root / "tools" / "make_wide_mlp.py"), "--out", str(tmp_path),
          "--width", "32", "--depth", "1"],
