@@ -169,6 +169,9 @@ def test_cloud_gateway_bench_says_what_it_cannot_measure(
     common = ["--url", gateway.http_url, "--protocol", "http", "--seconds", "0.1"]
     assert main(["bench", *common, "--model", "nope", "--token", gateway.device_token]) == 1
     assert "the metadata of 'nope'" in capsys.readouterr().err
+    grpc = ["--url", gateway.grpc_url, "--model", "digits-light", "--token", "wrong"]
+    assert main(["bench", *grpc, "--seconds", "0.1"]) == 1
+    assert capsys.readouterr().err.endswith(": UNAUTHENTICATED: invalid token\n")
     wrong = tmp_path / "row.npy"
     np.save(wrong, np.zeros((1, 3), np.float32))
     args = ["--model", "digits-light", "--token", gateway.device_token, "--data", str(wrong)]

@@ -152,7 +152,7 @@ def _metadata(protocol: str, url: str, model: str, token: str) -> dict[str, Any]
     except EdgeError:
         raise
     except Exception as exc:  # the transport's own errors, each said in one line
-        raise EdgeError(f"the metadata of {model!r} from {url}: {exc}") from exc
+        raise EdgeError(f"the metadata of {model!r} from {url}: {_said(exc)}") from exc
     first, output = document["inputs"][0], document["outputs"][0]
     if first["datatype"] != "FP32":
         raise EdgeError(f"{model}'s input {first['name']} is {first['datatype']}: FP32 only")
@@ -163,6 +163,14 @@ def _metadata(protocol: str, url: str, model: str, token: str) -> dict[str, Any]
         "output": output["name"],
         "output_elements": elements,
     }
+
+
+def _said(exc: Exception) -> str:
+    """A transport's error in one line: a gRPC status as its code and details."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):  # grpc.RpcError
+        return f"{code().name}: {details()}"
+    return str(exc)
 
 
 def _http_metadata(url: str, model: str, token: str) -> dict[str, Any]:
