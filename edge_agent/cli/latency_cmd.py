@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import add_model_dir, add_profiles_dir, resolve_profile
+from edge_agent.cli.common import CliError, add_model_dir, add_profiles_dir, resolve_profile
 from edge_core.paths import default_model_dir
 from edge_core.report import publish
 from edge_core.repository import ModelRepository
@@ -24,7 +24,9 @@ def register(commands: Any) -> None:
         epilog="The project's comparative benchmarks (hybrid, offload, ota, mqtt, service, "
         "privacy, stream) run from a checkout: python -m benchmarks --help.",
     )
-    parser.add_argument("--model", required=True, help="model name")
+    # `edge-agent bench hybrid` and the like, from before 0.3.0: said where they went
+    parser.add_argument("moved", nargs="?", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help="model name (required)")
     parser.add_argument("--version", type=int, help="model version (default: the newest)")
     parser.add_argument(
         "--variant", action="append", help="variant id to measure (repeatable; default: all)"
@@ -48,6 +50,13 @@ def register(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from edge_agent.latency import BenchSettings, format_report, run_agent_path, run_bench
 
+    if args.moved:
+        raise CliError(
+            f"`edge-agent bench {args.moved}` is a benchmark of the project now, not a "
+            f"command of the agent: run `python -m benchmarks {args.moved}` in a checkout"
+        )
+    if not args.model:
+        raise CliError("edge-agent bench needs --model NAME")
     repository = ModelRepository(args.model_dir or default_model_dir())
     package = repository.get(args.model, args.version)
     profile, _ = resolve_profile(args)
