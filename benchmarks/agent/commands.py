@@ -26,16 +26,41 @@ def register(commands: Any) -> None:
     hybrid.add_argument("--deadline-ms", type=float, default=250.0, help="per request")
     offload = _add(commands, "offload", "an offload round trip over the floor", _offload)
     _add_requests(offload, 1000)
-    ota = _add(commands, "ota", "publish and install large models over loopback", _ota)
+    ota = _add(
+        commands,
+        "ota",
+        "publish and install large models over loopback",
+        _ota,
+        profile=False,
+        models=False,
+    )
     ota.add_argument("--sizes", default="50,200", help="model sizes in MB (default: 50,200)")
-    mqtt = _add(commands, "mqtt", "telemetry and offload round trips through Mosquitto", _mqtt)
+    mqtt = _add(
+        commands,
+        "mqtt",
+        "telemetry and offload round trips through Mosquitto",
+        _mqtt,
+        profile=False,
+    )
     mqtt.add_argument("--messages", type=int, default=5000, help="telemetry messages")
     _add_requests(mqtt, 300)
-    service = _add(commands, "service", "what edge-agent run costs, run as systemd does", _service)
+    service = _add(
+        commands,
+        "service",
+        "what edge-agent run costs, run as systemd does",
+        _service,
+        profile=False,
+    )
     _add_requests(service, 300)
     service.add_argument("--soak-s", type=float, default=300.0, help="seconds of mixed load")
     service.add_argument("--starts", type=int, default=5, help="daemon starts per configuration")
-    privacy = _add(commands, "privacy", "face detectors' recall, and redacting a video", _privacy)
+    privacy = _add(
+        commands,
+        "privacy",
+        "face detectors' recall, and redacting a video",
+        _privacy,
+        profile=False,
+    )
     privacy.add_argument("--quick", action="store_true", help="4 LFW faces, 3 sizes, a 1 s video")
     stream = _add(commands, "stream", "the stream pipeline against a capture loop", _stream)
     stream.add_argument(
@@ -47,16 +72,25 @@ def register(commands: Any) -> None:
 
 
 def _add(
-    commands: Any, name: str, summary: str, run: Callable[[argparse.Namespace], int]
+    commands: Any,
+    name: str,
+    summary: str,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    profile: bool = True,
+    models: bool = True,
 ) -> argparse.ArgumentParser:
-    """A benchmark's command, with the options every device benchmark takes."""
+    """A benchmark's command: ``--json``, and the device profile and the model
+    repository where it reads them."""
     parser: argparse.ArgumentParser = commands.add_parser(name, help=summary)
-    parser.add_argument(
-        "--profile", help="device profile for threads and providers (default: detected)"
-    )
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
-    add_model_dir(parser)
-    add_profiles_dir(parser)
+    if profile:
+        parser.add_argument(
+            "--profile", help="device profile for threads and providers (default: detected)"
+        )
+        add_profiles_dir(parser)
+    if models:
+        add_model_dir(parser)
     parser.set_defaults(run=run)
     return parser
 
