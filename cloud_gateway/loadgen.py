@@ -1,8 +1,10 @@
 """A closed-loop load generator: N concurrent clients for a fixed time.
 
-Run as a separate process by the benchmark (``python -m cloud_gateway.loadgen``)
-so that the clients do not share the gateway's interpreter; prints one JSON
-object with the request count, errors and latency percentiles.
+``cloud-gateway bench`` runs it against a running gateway (:func:`run_clients`); the
+project's benchmarks (``benchmarks/``) run it as a separate process (``python -m
+cloud_gateway.loadgen``) so that the clients do not share the interpreter of the
+gateway they start; it prints one JSON object with the request count, errors and
+latency percentiles.
 
 Two kinds of client:
 
@@ -15,7 +17,7 @@ Two kinds of client:
   would.
 - ``tritonclient``: the stock ``tritonclient`` aio clients, which rebuild and
   decode every request in Python and so cost about as much CPU as the server;
-  what ``cloud-gateway bench --peers`` uses, since every peer must take them.
+  what ``python -m benchmarks peers`` uses, since every peer must take them.
 
 ``--pair-url URL`` measures what one server adds to another: one client sends to
 ``--url`` and to ``URL`` in turn, request by request, in alternating order, and
@@ -286,7 +288,13 @@ async def _run_paired(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    x = np.load(args.data).astype(np.float32)[:1]
+    return await run_clients(args, np.load(args.data).astype(np.float32)[:1])
+
+
+async def run_clients(args: argparse.Namespace, x: np.ndarray) -> dict[str, Any]:
+    """``args.concurrency`` closed-loop clients sending the one-row input ``x`` for
+    ``args.seconds`` (after ``args.warmup``): the run's figures (see :func:`main`'s
+    options for what ``args`` holds)."""
     clients = [await _connect(args, x) for _ in range(args.concurrency)]
     latencies: list[float] = []
     errors: list[str] = []

@@ -7,7 +7,7 @@ less: measured on 2 cores with the wide MLP and 64 stock gRPC clients, alternati
 gateways in six pairs, 1,421-2,097 against 1,214-1,829 requests/s (five pairs of six
 ahead). uvloop is for Linux and macOS; elsewhere, or with ``--loop asyncio`` (say, to
 rule the loop out while debugging), the standard loop serves the same. The offload
-benchmark's bare gRPC echo (``edge_agent.bench.grpc_echo``) runs on the same loop, so
+benchmark's bare gRPC echo (``benchmarks.agent.grpc_echo``) runs on the same loop, so
 that its floor is built as the gateway is.
 """
 

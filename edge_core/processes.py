@@ -1,6 +1,7 @@
-"""Child processes and ports, for the commands that start servers of their own (the
-benchmarks, the demo): a free port on loopback, a stop as a service manager
-does it, and the CPU time a server's processes have used."""
+"""Child processes and ports: the CPU time a server's processes have used (the load
+generator's, :mod:`cloud_gateway.loadgen`), and, for what starts servers of its own
+(the benchmarks, the demo, the tests), a free port on loopback and a stop as a
+service manager does it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Shared pieces of the benchmarks: percentiles, tables, JSON, machine facts."""
+"""The one measurement core of the commands that measure and report: percentiles,
+tables, JSON, machine facts (``edge-agent bench``, ``cloud-gateway bench``, the model
+toolchain's figures, ``device list``; the project's ``benchmarks/`` use it too)."""
 
 from __future__ import annotations
 

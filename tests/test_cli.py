@@ -239,6 +239,14 @@ def test_bench_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     assert path["policy"] == "the shipped policy"  # digits-light may run on the device
 
 
+def test_bench_says_where_the_projects_benchmarks_went() -> None:
+    result = cli("bench", "hybrid")
+    assert result.returncode == 1
+    assert "run `python -m benchmarks hybrid` in a checkout" in result.stderr
+    result = cli("bench")
+    assert result.returncode == 1 and "needs --model NAME" in result.stderr
+
+
 def test_policy_explain_show_and_check(repository: ModelRepository, tmp_path: Path) -> None:
     import cv2
     from skimage import data

@@ -527,25 +527,3 @@ def test_the_vendored_htmx_is_the_pinned_release() -> None:
     data = (folder / "htmx.min.js").read_bytes()
     assert hashlib.sha256(data).hexdigest() == web.HTMX_SHA256
     assert "Zero-Clause BSD" in (folder / "htmx.LICENSE").read_text()
-
-
-@pytest.mark.slow
-def test_the_dashboard_bench_times_the_fleet_page_of_a_simulated_fleet(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from .support.paths import ROOT
-
-    out = tmp_path / "dashboard.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "cloud_gateway", "bench", "dashboard", "--devices", "40",
-         "--requests", "3", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert "40 simulated devices (sqlite (embedded)): 32 healthy, 4 hot, 2 degraded, 2 offline" in (
-        run.stdout
-    )
-    report = json.loads(out.read_text())
-    assert report["pages"][0]["page"] == "fleet page"
-    assert all(p["p50_ms"] > 0 and p["bytes"] > 1000 for p in report["pages"])

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,12 +30,32 @@ from .support.paths import MODELS, PROFILES, ROOT
 
 
 @pytest.fixture(scope="module")
-def litert_device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, as `make wheel` builds it."""
+    return footprint.build_wheel(tmp_path_factory.mktemp("wheel") / "dist")
+
+
+@pytest.fixture(scope="module")
+def litert_device(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path]:
     tmp = tmp_path_factory.mktemp("litert-device")
-    wheel = footprint.build_wheel(tmp / "dist")
     footprint.make_venv(tmp / "venv", wheel, "litert")
     yield tmp / "venv"
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_the_three_packages_and_no_benchmark(wheel: Path) -> None:
+    """The project's benchmarks live in benchmarks/, outside the wheel; what an operator
+    measures with (a model's latency, load on a running gateway) stays in the product."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert tops == {"edge_core", "edge_agent", "cloud_gateway"}
+    modules = [name for name in names if name.endswith(".py")]
+    assert [m for m in modules if "bench" in m or "/peers/" in m] == []
+    assert {"edge_agent/latency.py", "cloud_gateway/loadgen.py", "edge_core/report.py"} <= set(
+        modules
+    )
 
 
 def file_of(image: Image.Image, fmt: str) -> bytes:

@@ -1,7 +1,9 @@
-"""The benchmarks' load generator: each client on a connection of its own, as devices are."""
+"""The load generator (`cloud-gateway bench`, and the benchmarks' clients): each client on
+a connection of its own, as devices are."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_gateway.bench import load
+from benchmarks.gateway.limits import load
 
 from .support.gateway import GatewayHandle
 
@@ -133,3 +135,50 @@ def test_a_run_reports_the_cpu_a_request_took(gateway: GatewayHandle, tmp_path: 
     assert result["server_cpu_us_per_request"] >= result["client_cpu_us_per_request"]
     without = load("grpc", gateway.grpc_url, "digits-light", gateway.device_token, data, 1, 0.5)
     assert "server_cpu_us_per_request" not in without and "client_cpu_us_per_request" in without
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cloud_gateway_bench_loads_a_running_gateway(
+    gateway: GatewayHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str], protocol: str
+) -> None:
+    from cloud_gateway.cli import main
+
+    out = tmp_path / "load.json"
+    url = gateway.grpc_url if protocol == "grpc" else gateway.http_url
+    code = main(
+        ["bench", "--url", url, "--protocol", protocol, "--model", "digits-light",
+         "--token", gateway.device_token, "--concurrency", "1,3", "--seconds", "0.3",
+         "--warmup", "0.1", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    # the input's name and shape come from the gateway's metadata: zeros of one row
+    assert report["input"] == {"name": "pixels", "shape": [1, 64], "zeros": True}
+    assert [c["clients"] for c in report["cases"]] == [1, 3]
+    assert all(c["errors"] == 0 and c["requests"] > 0 for c in report["cases"])
+    assert all(0 < c["p50_ms"] <= c["p99_ms"] for c in report["cases"])
+    table = capsys.readouterr().out
+    assert f"digits-light at {url} over {protocol}" in table and "req/s" in table
+
+
+def test_cloud_gateway_bench_says_what_it_cannot_measure(
+    gateway: GatewayHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cloud_gateway.cli import main
+
+    common = ["--url", gateway.http_url, "--protocol", "http", "--seconds", "0.1"]
+    assert main(["bench", *common, "--model", "nope", "--token", gateway.device_token]) == 1
+    assert "the metadata of 'nope'" in capsys.readouterr().err
+    grpc = ["--url", gateway.grpc_url, "--model", "digits-light", "--token", "wrong"]
+    assert main(["bench", *grpc, "--seconds", "0.1"]) == 1
+    assert capsys.readouterr().err.endswith(": UNAUTHENTICATED: invalid token\n")
+    wrong = tmp_path / "row.npy"
+    np.save(wrong, np.zeros((1, 3), np.float32))
+    args = ["--model", "digits-light", "--token", gateway.device_token, "--data", str(wrong)]
+    assert main(["bench", *common, *args]) == 1
+    assert "a row of shape [1, 3], the model takes [1, 64]" in capsys.readouterr().err
+    assert (
+        main(["bench", *common, "--model", "digits-light", "--token", "t", "--concurrency", "0"])
+        == 1
+    )
+    assert "--concurrency wants client counts of at least 1" in capsys.readouterr().err

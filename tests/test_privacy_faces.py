@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from skimage import data
 
-from edge_agent.bench.face_scenes import face_crops
-from edge_agent.bench.faces import _config, run_faces
-from edge_agent.bench.privacy_video import run_video, write_clip
+from benchmarks.agent.face_scenes import face_crops
+from benchmarks.agent.faces import _config, run_faces
+from benchmarks.agent.privacy_video import run_video, write_clip
 from edge_agent.config import DETECTORS
 from edge_agent.privacy import PrivacyInspector, Redaction
 from edge_agent.privacy.centerface import CenterFace, decode, nms_boxes
@@ -74,7 +74,7 @@ def test_a_large_picture_is_searched_in_tiles_and_still_finds_a_small_face(
 
 
 def test_the_default_meets_the_targets_on_a_reduced_eval(fetched: ModelRepository) -> None:
-    """The eval of ``edge-agent bench privacy`` on 6 faces (both heads, 4 LFW crops) at
+    """The eval of ``python -m benchmarks privacy`` on 6 faces (both heads, 4 LFW crops) at
     3 sizes under every distortion. Met here: at most one false alarm in the 20
     face-free photographs, recall >= 0.98 from 64 px. Not met (P8 asks 0.98 from 32
     px): at 32 px motion blur hides faces (the full eval's figures: docs/policy.md),

@@ -108,7 +108,7 @@ def test_the_local_api_has_a_redact_endpoint_over_http_and_grpc(
 def test_edge_agent_redact_writes_pictures_and_videos(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], face_detectors: Any, fetched: Any
 ) -> None:
-    from edge_agent.bench.privacy_video import write_clip
+    from benchmarks.agent.privacy_video import write_clip
 
     _, checker = face_detectors
     picture = tmp_path / "astronaut.jpg"

@@ -1,7 +1,7 @@
 """Measure face detectors' recall, false alarms and time; the eval behind the default.
 
-The same as ``edge-agent bench privacy`` (:mod:`edge_agent.bench.faces` and
-:mod:`edge_agent.bench.privacy_video`): every detector configuration on the
+The same as ``python -m benchmarks privacy`` (:mod:`benchmarks.agent.faces` and
+:mod:`benchmarks.agent.privacy_video`): every detector configuration on the
 same synthetic scenes (faces of 24 to 192 px under eight distortions, a few to
 a 640x480 scene) and the twenty face-free scikit-image photographs, then
 ``redact`` on a video it writes. Prints the tables and writes JSON::
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_agent.cli import main as edge_agent
+from benchmarks.__main__ import main as benchmarks
 
 if __name__ == "__main__":
-    raise SystemExit(edge_agent(["bench", "privacy", *sys.argv[1:]]))
+    raise SystemExit(benchmarks(["privacy", *sys.argv[1:]]))

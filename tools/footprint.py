@@ -144,7 +144,7 @@ def make_venv(folder: Path, wheel: Path, extras: str) -> Path:
 
 def fake_root(base: Path) -> Path:
     """Two CPUs with cpufreq and one thermal zone at 50 C: a board the profiles accept."""
-    from edge_agent.bench.service_daemon import fake_root as make
+    from benchmarks.agent.service_daemon import fake_root as make
 
     return make(base)
 
@@ -245,8 +245,8 @@ def loaded_variants(http_port: int) -> dict[str, str]:
 def everything(tmp: Path) -> Iterator[str]:
     """A gateway to offload to (HTTP) and a Mosquitto for MQTT and telemetry, on
     loopback; the configuration's lines for them."""
-    from edge_agent.bench.hybrid import gateway_process
-    from edge_agent.bench.mosquitto import Mosquitto
+    from benchmarks.agent.hybrid import gateway_process
+    from benchmarks.agent.mosquitto import Mosquitto
 
     served = tmp / "served"
     served.mkdir()

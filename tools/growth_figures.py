@@ -128,7 +128,7 @@ def main() -> int:
         results = [measure(tree, args.names, None) for tree in trees]
     else:
         sys.path.insert(0, str(ROOT))
-        from edge_agent.bench.hybrid import gateway_process
+        from benchmarks.agent.hybrid import gateway_process
 
         with (
             tempfile.TemporaryDirectory(prefix="growth-gateway-") as state,

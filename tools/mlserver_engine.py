@@ -4,8 +4,8 @@
 
 MLServer runs from its own cached virtual environment (made on first use, never the
 project's), with a small custom runtime that runs the package's ONNX variant with
-ONNX Runtime: :mod:`cloud_gateway.peers.mlserver`, which the tests and
-``cloud-gateway bench --peers`` use too. Ctrl-C or SIGTERM stops it.
+ONNX Runtime: :mod:`benchmarks.peers.mlserver`, which the tests and
+``python -m benchmarks peers`` use too. Ctrl-C or SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from cloud_gateway.peers.envs import CACHE
-from cloud_gateway.peers.mlserver import MLSERVER_VERSION, RUNTIME, ensure, model_dir, start
+from benchmarks.peers.envs import CACHE
+from benchmarks.peers.mlserver import MLSERVER_VERSION, RUNTIME, ensure, model_dir, start
 
 __all__ = ["MLSERVER_VERSION", "RUNTIME", "ensure", "main", "model_dir", "start"]
 

@@ -16,10 +16,8 @@
     cloud-gateway rollout pause|resume|abort --name N [--version V] [--group G]
     cloud-gateway mqtt acl --out DIR [--gateway-user NAME]
     cloud-gateway db upgrade                      (the state database's schema, and old files)
-    cloud-gateway bench [--json FILE] [--chart FILE]
-    cloud-gateway bench remote [--engine-grpc URL --engine-http URL] [--json FILE]
-    cloud-gateway bench fleet --devices N [--replicas 1|2] [--json FILE]
-    cloud-gateway bench dashboard --devices N [--browser] [--json FILE]
+    cloud-gateway bench --url HOST:PORT --model M --token T [--protocol grpc|http]
+                        [--concurrency 1,8,32] [--seconds S] [--json FILE]
 
 Every command that reads or changes state opens the same database: ``--state URL``,
 else the configuration's ``state``, else SQLite in the state directory.
@@ -35,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cloud_gateway.cli import db_cmd, device_cmd, ota_cmd, rollout_cmd, serve_cmd
+from cloud_gateway.cli import db_cmd, device_cmd, load_cmd, ota_cmd, rollout_cmd, serve_cmd
 from edge_core import __version__
 from edge_core.cli import run_command
 from edge_core.errors import EdgeError
@@ -70,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ota_cmd.register(commands)
     rollout_cmd.register(commands)
     db_cmd.register(commands)
+    load_cmd.register(commands)
     return parser
 
 

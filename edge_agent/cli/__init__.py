@@ -32,9 +32,9 @@ class _OneLineFormatter(logging.Formatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from edge_agent.cli import (
-        bench_cmd,
         infer_cmd,
         install_cmd,
+        latency_cmd,
         models_cmd,
         policy_cmd,
         profile_cmd,
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer_cmd.register(commands)
     policy_cmd.register(commands)
     redact_cmd.register(commands)
-    bench_cmd.register(commands)
+    latency_cmd.register(commands)
     run_cmd.register(commands)
     service_cmd.register(commands)
     stream_cmd.register(commands)

@@ -14,7 +14,7 @@ grid plus the whole image) to find smaller faces, or combine it with the
 full-range model. Its settings here (the short-range model on the whole image
 and a 3x3 grid of tiles, boxes kept from a score of 0.65: MediaPipe's own
 threshold, 0.5, also finds the cat in ``chelsea.png``) are the best BlazeFace
-that ``edge-agent bench privacy`` measured; CenterFace (:mod:`.centerface`)
+that ``python -m benchmarks privacy`` measured; CenterFace (:mod:`.centerface`)
 finds far more of the small faces (see :mod:`.faces`).
 """
 

@@ -11,7 +11,7 @@ out of pinned wheels; an update over the air replaces them):
   about 64 px in a 640x480 picture.
 
 :func:`open_detector` builds the one a :class:`DetectorSpec` names.
-:data:`DEFAULT` is what ``edge-agent bench privacy`` (``tools/eval_faces.py``)
+:data:`DEFAULT` is what ``python -m benchmarks privacy`` (``tools/eval_faces.py``)
 measured best for privacy: recall first, then false alarms, then time.
 :data:`CHECK` is the stronger eye that every redacted picture must pass: the
 same network at a low threshold, so that it sees what the default would

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from edge_agent.bench.mosquitto import Mosquitto
+from benchmarks.agent.mosquitto import Mosquitto
 from edge_core.errors import EdgeError
 
 __all__ = ["TestBroker"]

@@ -1,7 +1,7 @@
 """Third-party and second-gateway engines behind a test gateway (the remote backend).
 
 MLServer 1.7.1 comes from PyPI into its own cached environment
-(:mod:`cloud_gateway.peers.mlserver`), never into the project's; the first test run
+(:mod:`benchmarks.peers.mlserver`), never into the project's; the first test run
 installs it (about a minute), later ones reuse it.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_gateway.peers import mlserver as mlserver_engine
+from benchmarks.peers import mlserver as mlserver_engine
 from edge_core.processes import free_port, stop_process
 
 from .paths import MODELS

@@ -27,7 +27,7 @@ class DemoError(Exception):
 
 
 def mosquitto_installed() -> bool:
-    """As :mod:`edge_agent.bench.mosquitto` looks for the broker."""
+    """As :mod:`benchmarks.agent.mosquitto` looks for the broker."""
     candidate = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     return os.access(candidate, os.X_OK)
 

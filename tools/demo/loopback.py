@@ -74,7 +74,7 @@ class Demo:
         self.versions: dict[str, int | None] = {}
         self.update_note = ""
         self.gateway_http, self.gateway_grpc, self.agent_http = free_port(), free_port(), 0
-        self.broker: Any = None  # edge_agent.bench.mosquitto.Mosquitto, with MQTT
+        self.broker: Any = None  # benchmarks.agent.mosquitto.Mosquitto, with MQTT
         self.watcher: TelemetryWatcher | None = None
 
     # -- commands ------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class Demo:
             (cloud / name).symlink_to(MODELS / name)
         mqtt = ""
         if self.mqtt:
-            from edge_agent.bench.mosquitto import Mosquitto
+            from benchmarks.agent.mosquitto import Mosquitto
 
             broker = self.work / "broker"
             self.broker = Mosquitto(
