@@ -210,12 +210,8 @@ def _decode_input(
     where = f"input {name!r}"
     if name in seen:
         raise ProtocolError(f"{where} is given twice")
-    datatype = check_datatype(item.get("datatype"), where)
-    shape = check_shape(item.get("shape"), where)
-    size = _parameters(item.get("parameters"), where).get("binary_data_size")
+    datatype, shape, size = _tensor_fields(item, where)
     if size is not None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
         if offset + size > len(binary):
             raise ProtocolError(
                 f"{where}: binary_data_size {size} goes past the end of the body "
@@ -226,6 +222,17 @@ def _decode_input(
     if "data" in item:
         return name, datatype, _json_data(item["data"], datatype, shape, where), None
     raise ProtocolError(f"{where} has neither 'data' nor 'binary_data_size'")
+
+
+def _tensor_fields(item: dict[str, Any], where: str) -> tuple[str, list[int], int | None]:
+    """A tensor entry's datatype, shape and ``binary_data_size`` (``None``: its data is
+    JSON), each checked."""
+    datatype = check_datatype(item.get("datatype"), where)
+    shape = check_shape(item.get("shape"), where)
+    size = _parameters(item.get("parameters"), where).get("binary_data_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
+    return datatype, shape, size
 
 
 def _infer_request(
@@ -446,12 +453,8 @@ def decode_infer_response(
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
         where = f"output {item['name']!r}"
-        datatype = check_datatype(item.get("datatype"), where)
-        shape = check_shape(item.get("shape"), where)
-        size = _parameters(item.get("parameters"), where).get("binary_data_size")
+        datatype, shape, size = _tensor_fields(item, where)
         if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise ProtocolError(f"{where}: 'binary_data_size' must be a non-negative integer")
             outputs[item["name"]] = array_from_bytes(
                 binary[offset : offset + size], datatype, shape, where
             )
