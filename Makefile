@@ -92,6 +92,7 @@ lint: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+	$(PY) -m tools.function_sizes
 
 format: venv
 	$(PY) -m ruff format .
