@@ -15,6 +15,9 @@ from edge_core.repository import ModelRepository
 from .support.gateway import start_gateway
 from .support.paths import MODELS, PROFILES, ROOT
 
+# fixtures that several test modules use, defined beside what they run
+pytest_plugins = ["tests.support.postgres", "tests.support.engines"]
+
 
 @pytest.fixture(scope="session")
 def repository() -> ModelRepository:

@@ -16,7 +16,6 @@ import os
 import re
 import resource
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -48,7 +47,9 @@ from edge_core.protocol.grpc import pb
 
 from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, registry_in, start_gateway
+from .support.gateway_calls import metric, metrics_text, small_repository
 from .support.paths import MODELS
+from .support.waiting import wait_for
 
 PATIENCE = 20.0
 LIMITS = ConnectionSettings(
@@ -59,12 +60,6 @@ LIMITS = ConnectionSettings(
     max_header_bytes=8192,
 )
 HUGE = "1" * 5000  # Python refuses int() of more than 4,300 digits
-
-
-def small_repository(tmp_path: Path) -> Path:
-    repository = tmp_path / "repo"
-    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
-    return repository
 
 
 @pytest.fixture
@@ -189,32 +184,6 @@ def grpc_served(handle: GatewayHandle) -> bool:
         finally:
             client.close()
     return False
-
-
-def metrics_text(handle: GatewayHandle) -> str:
-    status, body = request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
-    assert status == 200
-    return body.decode() if isinstance(body, bytes) else json.dumps(body)
-
-
-def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
-    wanted = {f'{k}="{v}"' for k, v in labels.items()}
-    total = 0.0
-    for line in metrics_text(handle).splitlines():
-        if line.startswith((name + "{", name + " ")):
-            head, _, value = line.rpartition(" ")
-            found = set(head[head.find("{") + 1 : head.rfind("}")].split(","))
-            if wanted <= found:
-                total += float(value)
-    return total
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = PATIENCE) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 class Recorder(logging.Handler):
@@ -506,13 +475,13 @@ def test_a_gateway_short_of_descriptors_stays_responsive_and_its_log_small(
             except OSError:
                 return False
 
-        wait_for(ready)  # served while the connections are held
+        wait_for(ready, PATIENCE)  # served while the connections are held
         time.sleep(2.0)  # what a spinning accept loop would do meanwhile
         cpu = (_cpu_seconds(child.pid) - cpu_before) / (time.monotonic() - clock_before)
         for sock in held:
             sock.close()
         held.clear()
-        wait_for(ready)
+        wait_for(ready, PATIENCE)
         client = tgrpc.InferenceServerClient(handle_urls[1])
         assert client.is_model_ready("digits-light", headers=headers, client_timeout=PATIENCE)
         client.close()
@@ -745,7 +714,10 @@ def test_a_client_gone_mid_body_is_counted_and_not_logged(plain: GatewayHandle) 
             time.sleep(0.05)  # the handler is reading the body
             sock.close()
         wait_for(
-            lambda: metric(plain, "gateway_client_disconnects_total", protocol="http") == before + 5
+            lambda: (
+                metric(plain, "gateway_client_disconnects_total", protocol="http") == before + 5
+            ),
+            PATIENCE,
         )
         # and the same for the update service's report
         sock = connect(plain.http_url)
@@ -757,7 +729,10 @@ def test_a_client_gone_mid_body_is_counted_and_not_logged(plain: GatewayHandle) 
         time.sleep(0.05)
         sock.close()
         wait_for(
-            lambda: metric(plain, "gateway_client_disconnects_total", protocol="http") == before + 6
+            lambda: (
+                metric(plain, "gateway_client_disconnects_total", protocol="http") == before + 6
+            ),
+            PATIENCE,
         )
     assert not log.tracebacks() and not log.lines(), log.lines()
 

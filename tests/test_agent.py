@@ -24,12 +24,12 @@ from edge_core.errors import InputError, OffloadError, PolicyRejected, PrivacyRe
 from edge_core.package import ModelPackage
 from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
-from edge_core.runtime import RuntimeOptions
 
 from .support.backends import RecordingBackend
 from .support.gateway import GatewayHandle, start_gateway
+from .support.gateway_calls import direct, metric
+from .support.packages import low_and_high_confidence
 from .support.paths import MODELS, PROFILES
-from .test_gateway import direct, metric
 
 RULES = load_policy(DEFAULT_POLICY)
 
@@ -174,19 +174,6 @@ def test_a_personal_picture_with_a_small_face_arrives_at_the_gateway_without_it(
     where = view.rgb[y : y + small.shape[0], x : x + small.shape[1]].astype(int)
     assert np.abs(where - small).mean() > 20  # the head is hidden, not only its eyes
     agent.close()
-
-
-def low_and_high_confidence() -> tuple[np.ndarray, np.ndarray]:
-    from edge_core.runtime import open_variant
-
-    package = ModelRepository(MODELS).get("digits-light")
-    session = open_variant(
-        package, package.variant("onnx-int8"), RuntimeOptions(threads=1, warmup=0)
-    )
-    x, _ = package.evaluation()
-    x = x.astype(np.float32)
-    confidence = session.run({"pixels": x})["probabilities"].max(axis=1)
-    return x[np.argmin(confidence)][None], x[np.argmax(confidence)][None]
 
 
 def test_a_low_confidence_input_is_escalated_to_the_heavy_model(

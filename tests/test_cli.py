@@ -12,6 +12,7 @@ import pytest
 from edge_core.cli import run_command
 from edge_core.repository import ModelRepository
 
+from .support.packages import low_and_high_confidence
 from .support.roots import make_root
 
 
@@ -282,7 +283,6 @@ def test_policy_explain_show_and_check(repository: ModelRepository, tmp_path: Pa
 
 
 def test_infer_with_a_gateway_config_escalates(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from .test_agent import low_and_high_confidence
 
     token = tmp_path / "device.token"
     token.write_text(gateway.device_token)

@@ -33,7 +33,7 @@ from edge_core.errors import BadRequest, PermissionDenied
 from .support.daemon import light_repository
 from .support.gateway import GatewayHandle, start_gateway
 from .support.ota_world import LIGHT_INT8, OtaWorld, make_world
-from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
+from .support.tls import make_cert
 
 NOW = 1_800_000_000.0
 XSS = "<script>alert(1)</script>"
@@ -139,7 +139,7 @@ def sample(device: str, kind: str, at: float, document: dict[str, Any]) -> Sampl
     return Sample(device, kind, at, int(at // 60), "mqtt", None, columns(kind, document))
 
 
-def test_the_store_keeps_the_latest_status_and_a_bounded_history(state_url: str) -> None:  # noqa: F811
+def test_the_store_keeps_the_latest_status_and_a_bounded_history(state_url: str) -> None:
     database = open_state(state_url)
     clock = [NOW]
     store = FleetStore(database, history_s=3600, clock=lambda: clock[0])
@@ -174,7 +174,7 @@ def test_the_store_keeps_the_latest_status_and_a_bounded_history(state_url: str)
         database.close()
 
 
-def test_every_document_the_checks_take_fits_both_databases(state_url: str) -> None:  # noqa: F811
+def test_every_document_the_checks_take_fits_both_databases(state_url: str) -> None:
     """Text at and past its column's length, NUL, counts past 32 bits: what the checks
     take is written (PostgreSQL refused each of these, and with it the whole batch)."""
     database = open_state(state_url)
@@ -197,7 +197,7 @@ def test_every_document_the_checks_take_fits_both_databases(state_url: str) -> N
 
 
 def test_a_row_the_database_refuses_costs_only_itself(
-    state_url: str,  # noqa: F811
+    state_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     database = open_state(state_url)
@@ -344,8 +344,6 @@ def test_sign_in_takes_an_admin_token_only_and_its_cookie_is_locked_down(
 
 def test_the_cookie_is_secure_when_the_gateway_serves_tls(tmp_path: Path) -> None:
     from cloud_gateway.config import ServerTLSSettings
-
-    from .test_gateway_tls import make_cert
 
     ca = make_cert(tmp_path, "ca", None)
     make_cert(tmp_path, "server", ca, server=True)

@@ -25,9 +25,9 @@ from .support.dashboard_world import (
     DashboardWorld,
     chromium,
     make_world,
-    wait_until,
 )
 from .support.ota_world import LIGHT_FP32, LIGHT_INT8
+from .support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -189,15 +189,15 @@ def test_a_started_agent_appears_on_fleet_without_a_reload(
     browser.execute_script("window.notReloaded = true")
     started = time.monotonic()
     world.start_agents()
-    wait_until(lambda: health_of(browser, "cam-01") == "healthy", 60, "cam-01 healthy on Fleet")
+    wait_for(lambda: health_of(browser, "cam-01") == "healthy", 60, "cam-01 healthy on Fleet")
     appeared = time.monotonic() - started
     assert browser.execute_script("return window.notReloaded === true"), "the page reloaded"
     # healthy from its first update check; its profile comes with its status message
-    wait_until(
+    wait_for(
         lambda: read(browser, "#device-cam-01 .profile") == "raspberry-pi-5", 30, "its profile"
     )
     assert "digits-light v1" in (read(browser, "#device-cam-01 .models") or "")
-    wait_until(lambda: health_of(browser, "cam-hot") == "hot", 30, "cam-hot hot on Fleet")
+    wait_for(lambda: health_of(browser, "cam-hot") == "hot", 30, "cam-hot hot on Fleet")
     assert int((read(browser, "#count-total") or "").split()[0]) == 3
     print(f"cam-01 appeared healthy {appeared:.1f} s after its agent was started")
     shot("fleet")
@@ -209,7 +209,7 @@ def test_a_hot_device_shows_as_hot_with_the_rule_on_hover(
     sign_in(browser, world)
     world.start_agents()
     browser.get(f"{world.url}/ui/fleet?health=hot")
-    wait_until(lambda: health_of(browser, "cam-hot") == "hot", 60, "cam-hot hot")
+    wait_for(lambda: health_of(browser, "cam-hot") == "hot", 60, "cam-hot hot")
     assert health_of(browser, "cam-01") is None  # the filter keeps only the hot ones
     rule = read(browser, "#device-cam-hot .health", "title") or ""
     assert rule.startswith("hot: its last status says throttled") and "83.0 °C" in rule
@@ -217,11 +217,11 @@ def test_a_hot_device_shows_as_hot_with_the_rule_on_hover(
     seed_history(world, "cam-hot", minutes=90)
     browser.get(f"{world.url}/ui/devices/cam-hot")
     # the seeded status is the latest for a moment, until the agent's next (every second)
-    wait_until(lambda: read(browser, "#device-health") == "hot", 20, "cam-hot hot again")
+    wait_for(lambda: read(browser, "#device-health") == "hot", 20, "cam-hot hot again")
     assert read(browser, "#device-profile") == "raspberry-pi-5"
     assert "waiting" in (read(browser, "#device-queue") or "")
     # its history: a point a minute, the seeded hour and a half and what the agent sent
-    points = wait_until(lambda: longest_line(browser), 20, "a chart with a line")
+    points = wait_for(lambda: longest_line(browser), 20, "a chart with a line")
     assert points >= 90
     shot("device")
 
@@ -308,7 +308,7 @@ def test_a_rollout_started_from_the_page_reaches_the_agents_and_its_bar_moves(
 ) -> None:
     sign_in(browser, world)
     world.start_agents()
-    wait_until(lambda: world.serving("cam-01") == 1 and world.serving("cam-hot") == 1, 60,
+    wait_for(lambda: world.serving("cam-01") == 1 and world.serving("cam-hot") == 1, 60,
                "both agents up")  # fmt: skip
     world.publish("digits-light", 2, LIGHT_INT8)
     _start_from_models_page(browser, world, 2, 100)
@@ -316,7 +316,7 @@ def test_a_rollout_started_from_the_page_reaches_the_agents_and_its_bar_moves(
         read(browser, "#rollout-digits-light-2-rpi5-int8", "data-slice") == "3"
     )  # cam-01, cam-hot and cam-xss (no agent)
     browser.execute_script("window.notReloaded = true")
-    wait_until(lambda: _installed(browser, 2) == 2, 60, "two installs on the progress bar")
+    wait_for(lambda: _installed(browser, 2) == 2, 60, "two installs on the progress bar")
     assert browser.execute_script("return window.notReloaded === true"), "the page reloaded"
     width = read(browser, "#rollout-digits-light-2-rpi5-int8 rect.seg.installed", "width")
     assert float(width or 0) == pytest.approx(66.67, abs=0.01)
@@ -329,7 +329,7 @@ def test_a_rollout_started_from_the_page_reaches_the_agents_and_its_bar_moves(
         browser.get(f"{world.url}/ui/models")
         return "rpi5-int8 v2 2" in (read(browser, "#model-digits-light") or "")
 
-    wait_until(running, 20, "the Models page: two devices on v2")
+    wait_for(running, 20, "the Models page: two devices on v2")
     shot("models")
 
 
@@ -346,9 +346,9 @@ def test_pause_stops_a_rollout_and_resume_lets_it_go_on(
     if in_slice(second, "digits-light", percent):
         first, second = second, first
     assert not in_slice(second, "digits-light", percent)
-    wait_until(lambda: world.serving(first) == 2 and world.serving(second) == 2, 60, "on v2")
+    wait_for(lambda: world.serving(first) == 2 and world.serving(second) == 2, 60, "on v2")
     _start_from_models_page(browser, world, 3, percent)
-    wait_until(lambda: _installed(browser, 3) == 1, 60, f"{first} installed v3")
+    wait_for(lambda: _installed(browser, 3) == 1, 60, f"{first} installed v3")
     assert world.serving(first) == 3
     sentence = _confirm(browser, world, 3, "pause")
     assert "Pause the rollout of digits-light v3 for rpi5-int8 (active" in sentence
@@ -363,14 +363,14 @@ def test_pause_stops_a_rollout_and_resume_lets_it_go_on(
     raised = time.time()
     navigate(browser, "#confirm")
     seen = world.gateway.gateway.ota.rollouts.last_seen  # type: ignore[union-attr]
-    wait_until(lambda: (seen().get(second, (0.0, ""))[0] or 0.0) > raised, 30,
+    wait_for(lambda: (seen().get(second, (0.0, ""))[0] or 0.0) > raised, 30,
                f"{second} checked after the raise")  # fmt: skip
     time.sleep(2)
     assert world.serving(second) == 2, "a paused rollout reached a device"
     assert _installed(browser, 3) == 1
     shot("rollout-paused")
     _confirm(browser, world, 3, "resume")
-    wait_until(lambda: _installed(browser, 3) == 2, 60, f"{second} installed v3 after resume")
+    wait_for(lambda: _installed(browser, 3) == 2, 60, f"{second} installed v3 after resume")
     assert world.serving(second) == 3
     audit = read(browser, "#rollouts-live") or ""
     for done in ("ops pause digits-light v3", "ops raise digits-light v3", "ops resume"):
@@ -390,7 +390,7 @@ def test_values_from_devices_are_text_never_markup(
     assert answer.status_code == 200, answer.text
     sign_in(browser, world)
     browser.get(f"{world.url}/ui/fleet")
-    wait_until(lambda: read(browser, "#device-cam-xss .profile") == XSS, 20, "the XSS profile")
+    wait_for(lambda: read(browser, "#device-cam-xss .profile") == XSS, 20, "the XSS profile")
     assert XSS in (read(browser, "#device-cam-xss .models") or "")
     no_alert(browser)
     scripts = browser.execute_script(  # read in the page: the live refresh may swap it

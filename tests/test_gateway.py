@@ -13,66 +13,25 @@ from typing import Any
 
 import grpc
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from edge_core.repository import ModelRepository
-
 from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, registry_in, start_gateway
+from .support.gateway_calls import (
+    direct,
+    grpc_infer,
+    heldout,
+    http_infer,
+    http_request,
+    metric,
+    metric_lines,
+    small_repository,
+)
 from .support.paths import MODELS
-
-
-def heldout(n: int = 8) -> np.ndarray:
-    return ModelRepository(MODELS).get("digits-heavy").evaluation()[0][:n].astype(np.float32)
-
-
-def direct(model: str, x: np.ndarray) -> np.ndarray:
-    """The same model run straight on ONNX Runtime, no gateway involved."""
-    package = ModelRepository(MODELS).get(model)
-    session = ort.InferenceSession(str(package.path_of(package.variant("onnx-fp32"))))
-    return session.run(None, {"pixels": x})[0]
-
-
-def http_request(
-    url: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, Any] | bytes]:
-    request = urllib.request.Request(f"http://{url}{path}", data=body, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            content = response.read()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        content = error.read()
-        status = error.code
-    try:
-        return status, json.loads(content)
-    except ValueError:
-        return status, content
-
-
-def http_infer(
-    handle: GatewayHandle, model: str, x: np.ndarray, *, binary: bool = True, **kwargs: Any
-) -> np.ndarray:
-    client = thttp.InferenceServerClient(handle.http_url)
-    tensor = thttp.InferInput("pixels", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x, binary_data=binary)
-    outputs = [thttp.InferRequestedOutput("probabilities", binary_data=binary)]
-    result = client.infer(model, [tensor], outputs=outputs, headers=handle.headers(), **kwargs)
-    return result.as_numpy("probabilities")
-
-
-def grpc_infer(handle: GatewayHandle, model: str, x: np.ndarray, **kwargs: Any) -> np.ndarray:
-    client = tgrpc.InferenceServerClient(handle.grpc_url)
-    tensor = tgrpc.InferInput("pixels", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    return client.infer(model, [tensor], headers=handle.headers(), **kwargs).as_numpy(
-        "probabilities"
-    )
-
+from .support.waiting import wait_for
 
 # -- the protocol, with stock clients ---------------------------------------------------------
 
@@ -308,12 +267,6 @@ def test_mismatched_raw_contents_and_malformed_protobuf(gateway: GatewayHandle) 
 # -- limits ------------------------------------------------------------------------------------
 
 
-def small_repository(tmp_path: Path) -> Path:
-    repository = tmp_path / "repo"
-    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
-    return repository
-
-
 def test_body_size_limit(tmp_path: Path) -> None:
     handle = start_gateway(
         tmp_path, small_repository(tmp_path), max_body_bytes=4096, poll_interval_s=0.0
@@ -363,28 +316,6 @@ def test_rate_limit_per_device(tmp_path: Path) -> None:
 
 
 # -- batching -----------------------------------------------------------------------------------
-
-
-def metrics_text(handle: GatewayHandle) -> str:
-    _, body = http_request(handle.http_url, "/metrics", headers=handle.headers(handle.admin_token))
-    return body.decode() if isinstance(body, bytes) else json.dumps(body)
-
-
-def metric(handle: GatewayHandle, name: str, **labels: str) -> float:
-    text = metrics_text(handle)
-    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            head, _, value = line.rpartition(" ")
-            found = ",".join(sorted(head[head.find("{") + 1 : head.rfind("}")].split(",")))
-            if all(part in found.split(",") for part in wanted.split(",") if part):
-                total += float(value)
-    return total
-
-
-def metric_lines(handle: GatewayHandle, name: str) -> str:
-    return "\n".join(line for line in metrics_text(handle).splitlines() if line.startswith(name))
 
 
 def test_concurrent_requests_end_up_in_one_batch_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
@@ -501,14 +432,6 @@ def test_a_grpc_call_ended_early_is_counted(tmp_path: Path) -> None:
 
 
 # -- the repository --------------------------------------------------------------------------------
-
-
-def wait_for(condition: Any, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
 
 
 def test_models_reload_on_change_without_a_restart(tmp_path: Path) -> None:

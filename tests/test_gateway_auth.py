@@ -17,14 +17,12 @@ from cloud_gateway.config import RateLimitSettings
 from cloud_gateway.state import open_state
 from edge_core.errors import PermissionDenied, RateLimited, Unauthenticated
 
-from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
-
 
 def registry_at(url: str, **kwargs) -> DeviceRegistry:  # type: ignore[no-untyped-def]
     return DeviceRegistry(open_state(url), **kwargs)
 
 
-def test_tokens_are_stored_hashed(state_url: str) -> None:  # noqa: F811
+def test_tokens_are_stored_hashed(state_url: str) -> None:
     registry = registry_at(state_url)
     token = registry.add("cam-01", "rpi5-int8")
     with registry.database.begin() as connection:
@@ -53,7 +51,7 @@ def test_a_private_write_follows_no_planted_link(tmp_path: Path) -> None:
     assert not any(p.name.endswith(".tmp") and not p.is_symlink() for p in tmp_path.iterdir())
 
 
-def test_wrong_missing_and_revoked_tokens_are_refused(state_url: str) -> None:  # noqa: F811
+def test_wrong_missing_and_revoked_tokens_are_refused(state_url: str) -> None:
     registry = registry_at(state_url)
     token = registry.add("cam-01", "g")
     other = registry.add("cam-02", "g")
@@ -71,7 +69,7 @@ def test_wrong_missing_and_revoked_tokens_are_refused(state_url: str) -> None:  
     assert registry.authenticate(other).id == "cam-02"
 
 
-def test_a_running_registry_sees_changes_made_by_another(state_url: str) -> None:  # noqa: F811
+def test_a_running_registry_sees_changes_made_by_another(state_url: str) -> None:
     now = [0.0]
     served = registry_at(state_url, clock=lambda: now[0])
     token = registry_at(state_url).add("cam-01", "g")
@@ -83,7 +81,7 @@ def test_a_running_registry_sees_changes_made_by_another(state_url: str) -> None
         served.authenticate(token)
 
 
-def test_device_ids_and_duplicates_are_checked(state_url: str) -> None:  # noqa: F811
+def test_device_ids_and_duplicates_are_checked(state_url: str) -> None:
     registry = registry_at(state_url)
     registry.add("cam-01", "g")
     with pytest.raises(ValueError, match="already exists"):

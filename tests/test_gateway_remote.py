@@ -26,10 +26,11 @@ from cloud_gateway.server import GatewayThread
 from edge_core.errors import ConfigError
 
 from .support.backends import SlowBackend
-from .support.engines import MLServer, mlserver  # noqa: F401 - a fixture
+from .support.engines import MLServer
 from .support.gateway import GatewayHandle, start_gateway
+from .support.gateway_calls import direct, heldout, http_request
 from .support.paths import MODELS
-from .test_gateway import direct, heldout, http_request
+from .support.waiting import wait_for
 
 
 def backend(url: str, **fields: object) -> BackendSettings:
@@ -73,13 +74,6 @@ def http_infer(handle: GatewayHandle, x: np.ndarray) -> np.ndarray:
     return client.infer("digits-heavy", [tensor], headers=handle.headers()).as_numpy(
         "probabilities"
     )
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.05)
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -144,7 +138,7 @@ def test_a_wrong_backend_entry_fails_at_start(
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_mlserver_models_are_served_through_the_gateway(
     tmp_path: Path,
-    mlserver: MLServer,  # noqa: F811 - the fixture
+    mlserver: MLServer,
     protocol: str,
 ) -> None:
     empty = tmp_path / "repo"

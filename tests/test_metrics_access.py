@@ -27,8 +27,9 @@ from edge_core.protocol.mqtt import encode_request
 from edge_core.protocol.types import InferRequest
 
 from .support.gateway import GatewayHandle, start_gateway
+from .support.mqtt_fleet import Fleet, digits, light_request, running_fleet, sample
 from .support.paths import MODELS
-from .test_mqtt import Fleet, digits, light_request, running_fleet, sample, wait_for
+from .support.waiting import wait_for
 
 FLEET_LABEL = re.compile(r'[{,](device|group)="')
 

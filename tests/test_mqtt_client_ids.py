@@ -22,7 +22,8 @@ import pytest
 from edge_agent.offload.mqtt import MqttTransport
 from edge_core.protocol.mqtt import client_id
 
-from .test_mqtt import Client, Fleet, digits, light_request, running_fleet, sample, wait_for
+from .support.mqtt_fleet import Client, Fleet, digits, light_request, running_fleet, sample
+from .support.waiting import wait_for
 
 
 def takeovers(fleet: Fleet, client: str) -> int:

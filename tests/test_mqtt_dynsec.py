@@ -16,15 +16,8 @@ from cloud_gateway.mqtt.broker import (
 )
 from edge_agent.offload.mqtt import MqttTransport
 
-from .test_mqtt import (
-    GATEWAY_USER,
-    Client,
-    Fleet,
-    digits,
-    light_request,
-    running_fleet,
-    wait_for,
-)
+from .support.mqtt_fleet import GATEWAY_USER, Client, Fleet, digits, light_request, running_fleet
+from .support.waiting import wait_for
 
 NOT_AUTHORIZED = 0x87
 

@@ -23,9 +23,11 @@ from edge_core.protocol.types import InferRequest, InferResponse
 from edge_core.repository import ModelRepository
 from edge_core.tls import TLSSettings
 
+from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, start_gateway
+from .support.gateway_calls import direct, metric, small_repository
 from .support.paths import MODELS
-from .test_gateway import SlowBackend, direct, metric, small_repository
+from .support.tls import make_cert
 
 
 class Clock:
@@ -232,8 +234,6 @@ def test_transports_translate_unavailable_and_timeout(tmp_path: Path, protocol: 
 
 def test_grpc_transport_over_tls(tmp_path: Path) -> None:
     from cloud_gateway.config import ServerTLSSettings
-
-    from .test_gateway_tls import make_cert
 
     ca = make_cert(tmp_path, "ca", None)
     make_cert(tmp_path, "server", ca, server=True)

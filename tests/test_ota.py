@@ -28,12 +28,10 @@ from cloud_gateway.ota.publish import OtaRepository, due_roles
 from cloud_gateway.server import GatewayThread
 from edge_agent.agent import Agent, LayeredSource
 from edge_agent.assemble import OtaSource
-from edge_agent.ota import smoke_test
 from edge_agent.ota.fetch import download_resumable, fetch_plan
 from edge_agent.ota.signed import refresh
 from edge_agent.ota.updater import not_for_profile
 from edge_agent.policy import load_policy
-from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import (
     ConfigError,
@@ -55,23 +53,25 @@ from edge_core.repository import ModelRepository
 
 from .support.ota_world import (
     GROUP,
+    INSTALLER,
     LIGHT_FP32,
     LIGHT_INT8,
+    PROFILE,
     CuttingProxy,
     Device,
     EncodingServer,
     GatewayTransport,
     OtaWorld,
+    assert_serves,
     big_package,
     broken_package,
     compress,
+    first_install,
     make_world,
     plan_answer,
+    run_installer,
 )
-from .support.paths import MODELS, PROFILES, ROOT
-from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
-
-PROFILE = ProfileStore(PROFILES).get("raspberry-pi-5")
+from .support.paths import MODELS, ROOT
 
 
 @pytest.fixture
@@ -84,29 +84,6 @@ def world(tmp_path: Path) -> Iterator[OtaWorld]:
 def installed(world: OtaWorld, device: Device) -> int | None:
     info = world.store(device).active("digits-light")
     return info.version if info else None
-
-
-def assert_serves(
-    world: OtaWorld, device: Device, version: int, name: str = "digits-light"
-) -> None:
-    """The device's active model is ``version``, complete, and passes its smoke test."""
-    store = world.store(device)
-    active = store.active(name)
-    assert active is not None and active.version == version
-    package = store.package(name, device.enrollment.group, device.enrollment.group_key)
-    assert package.version == version
-    smoke_test(package, PROFILE)
-
-
-def first_install(world: OtaWorld) -> Device:
-    device = world.enroll("cam-01")
-    world.release("digits-light", 2, LIGHT_INT8)
-    outcomes = world.updater(device).check()
-    assert [(o.name, o.version, o.status) for o in outcomes] == [("digits-light", 2, "installed")]
-    assert_serves(world, device, 2)
-    status, detail = world.rollouts.device_report(device.id, "digits-light", 2) or ("", "")
-    assert status == "installed" and detail.startswith("smoke test passed: tflite-int8"), detail
-    return device
 
 
 # -- the formats -----------------------------------------------------------------------------
@@ -699,15 +676,6 @@ def test_compressed_metadata_and_plan_are_refused(world: OtaWorld, tmp_path: Pat
 
 # -- power loss: kill -9 at many points of the install ---------------------------------------------
 
-INSTALLER = Path(__file__).parent / "support" / "ota_installer.py"
-
-
-def run_installer(device: Device, url: str, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, str(INSTALLER), str(device.bundle), str(device.state), url]
-    return subprocess.run(
-        [*command, *options], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-
 
 def crash_points(steps: list[str], spread: int) -> list[int]:
     """Every step of the A/B switch that empties a slot, and ``spread`` more over the rest.
@@ -1125,7 +1093,7 @@ def test_two_updaters_never_run_at_once(world: OtaWorld, tmp_path: Path) -> None
 # -- the gateway: rollouts, reports, the repository ---------------------------------------------
 
 
-def test_only_the_rollouts_own_slice_counts(state_url: str) -> None:  # noqa: F811
+def test_only_the_rollouts_own_slice_counts(state_url: str) -> None:
     from cloud_gateway.ota.rollouts import RolloutStore, in_slice
     from cloud_gateway.state import open_state
 
@@ -1162,7 +1130,7 @@ def test_only_the_rollouts_own_slice_counts(state_url: str) -> None:  # noqa: F8
 
 
 def test_an_aborted_rollout_is_never_moved_by_a_concurrent_change(
-    state_url: str,  # noqa: F811
+    state_url: str,
 ) -> None:
     from cloud_gateway.ota.rollouts import RolloutStore
     from cloud_gateway.state import open_state

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from edge_agent.ota.failures import REPORT_EVERY_S, CheckFailures
 
 from .support.ota_world import GROUP, LIGHT_INT8, OtaWorld, make_world
 from .support.paths import ROOT
+from .support.waiting import wait_for
 
 NOBODY = 65534  # the unprivileged account the service's account stands for here
 
@@ -199,7 +199,7 @@ def test_a_service_whose_update_checks_keep_failing_tells_the_gateway(
             stderr=subprocess.STDOUT, user=NOBODY, group=NOBODY, extra_groups=[],
         )  # fmt: skip
     try:
-        failing = wait_for(lambda: checks.failing_devices(GROUP), "a failing check", log)
+        failing = wait_for(lambda: checks.failing_devices(GROUP), 60, "a failing check", log=log)
         (check,) = failing
         assert check["device"] == "cam-01"
         assert check["detail"].startswith("PermissionError: [Errno 13] Permission denied")
@@ -209,25 +209,15 @@ def test_a_service_whose_update_checks_keep_failing_tells_the_gateway(
         assert "no device has reported yet" not in shown
         # checks every second, told once: the next status is due only after REPORT_EVERY_S
         wait_for(lambda: log.read_text().count("update check failed unexpectedly") >= 3,
-                 "three failed checks", log)  # fmt: skip
+                 60, "three failed checks", log=log)  # fmt: skip
         (check,) = checks.failing_devices(GROUP)
         assert check["failures"] == 1 and check["at"] == check["since"]
         # the operator gives the state back: the next check installs, and says so
         os.chown(root_json, NOBODY, NOBODY)
-        wait_for(lambda: not checks.failing_devices(GROUP), "the end of the failures", log)
+        wait_for(lambda: not checks.failing_devices(GROUP), 60, "the end of the failures", log=log)
         wait_for(lambda: world.rollouts.device_status("cam-01", "digits-light", 2) == "installed",
-                 "the install's report", log)  # fmt: skip
+                 60, "the install's report", log=log)  # fmt: skip
         assert "update checks failing" not in world.cli("rollout", "status", "--devices")
     finally:
         service.terminate()
         service.wait(timeout=30)
-
-
-def wait_for(check: Any, what: str, log: Path, seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {seconds:g} s; the service said:\n{log.read_text()}")

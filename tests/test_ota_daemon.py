@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from .support.daemon import write_config
 from .support.ota_world import LIGHT_FP32, LIGHT_INT8, OtaWorld, make_world
 from .support.paths import MODELS
 from .support.roots import make_root
+from .support.waiting import wait_for
 
 
 @pytest.fixture
@@ -29,15 +29,6 @@ def world(tmp_path: Path) -> Iterator[OtaWorld]:
 
 def serving(daemon: Daemon) -> int:
     return int(daemon.agent.loaded()["digits-light"]["version"])
-
-
-def wait_until(check: object, seconds: float = 10.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_rollback_by_hand_reaches_the_running_daemon(world: OtaWorld, tmp_path: Path) -> None:
@@ -67,7 +58,7 @@ def test_a_rollback_by_hand_reaches_the_running_daemon(world: OtaWorld, tmp_path
             timeout=60,
         )
         assert rolled.returncode == 0 and "back to version 2" in rolled.stdout, rolled.stderr
-        assert wait_until(lambda: serving(daemon) == 2), "the daemon kept serving version 3"
+        wait_for(lambda: serving(daemon) == 2, what="the daemon to serve version 2, not 3")
         answer = daemon.agent.infer("digits-light", {"pixels": [[0.0] * 64]})
         assert answer.version == 2 and answer.variant == "tflite-int8"
     finally:
@@ -98,6 +89,6 @@ def test_a_rollback_after_the_first_update_serves_the_bundled_model_again(
         )  # fmt: skip
         assert rolled.returncode == 0, rolled.stderr
         assert "back to version 1 (the bundled model)" in rolled.stdout
-        assert wait_until(lambda: serving(daemon) == 1), "the daemon kept serving version 2"
+        wait_for(lambda: serving(daemon) == 1, what="the daemon to serve version 1, not 2")
     finally:
         daemon.stop()

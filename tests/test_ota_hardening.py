@@ -34,11 +34,13 @@ from .support.ota_world import (
     DrippingTransport,
     GatewayTransport,
     OtaWorld,
+    assert_serves,
     big_package,
+    first_install,
     make_world,
+    run_installer,
 )
 from .support.packages import with_sparse_member
-from .test_ota import assert_serves, first_install, run_installer
 
 
 @pytest.fixture

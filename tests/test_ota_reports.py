@@ -20,7 +20,6 @@ from cloud_gateway.ota.service import REPORT_BURST
 from cloud_gateway.state import open_state
 
 from .support.ota_world import GROUP, LIGHT_INT8, OtaWorld, make_world
-from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
 
 
 @pytest.fixture
@@ -122,7 +121,7 @@ def test_a_devices_reports_are_rate_limited_and_not_its_neighbours(world: OtaWor
 
 
 def test_each_device_keeps_reports_on_its_newest_versions_only(
-    state_url: str,  # noqa: F811
+    state_url: str,
 ) -> None:
     store = RolloutStore(open_state(state_url))
     for version in range(1, 26):

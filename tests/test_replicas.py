@@ -24,7 +24,7 @@ from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS, ROOT
-from .support.postgres import PostgresCluster, postgres  # noqa: F401 - a fixture
+from .support.postgres import PostgresCluster
 from .support.replicas import Replica, start_haproxy, start_mosquitto, start_replica
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def cli(url: str, *args: str) -> str:
 
 def test_two_replicas_behind_haproxy_survive_a_kill_9(
     tmp_path: Path,
-    postgres: PostgresCluster,  # noqa: F811
+    postgres: PostgresCluster,
 ) -> None:
     url = postgres.database()
     tokens = {device: DeviceRegistry.add_to(url, device, "g") for device in DEVICES}

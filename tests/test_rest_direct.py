@@ -21,7 +21,7 @@ from cloud_gateway.rest.direct import DirectInferProtocol
 
 from .support.backends import SlowBackend
 from .support.gateway import GatewayHandle, start_gateway
-from .test_gateway import direct, heldout, metric, small_repository
+from .support.gateway_calls import direct, heldout, metric, small_repository
 
 
 @pytest.fixture

@@ -19,9 +19,10 @@ from edge_core.protocol.mqtt import response_topic
 
 from .support.broker import TestBroker
 from .support.daemon import metric_value, write_config
+from .support.mqtt_fleet import Client
 from .support.paths import MODELS
 from .support.roots import make_root
-from .test_mqtt import Client, wait_for
+from .support.waiting import wait_for
 
 
 @pytest.fixture

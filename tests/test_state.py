@@ -26,7 +26,6 @@ from cloud_gateway.state import open_state
 from edge_core.errors import ConfigError, Unauthenticated
 
 from .support.paths import MODELS, ROOT
-from .support.postgres import postgres, state_url  # noqa: F401 - fixtures
 
 
 def old_state(folder: Path) -> str:
@@ -70,7 +69,7 @@ def old_state(folder: Path) -> str:
 
 def test_the_files_of_a_gateway_from_before_are_imported_once(
     tmp_path: Path,
-    state_url: str,  # noqa: F811
+    state_url: str,
 ) -> None:
     token = old_state(tmp_path / "gateway-state")
     database = open_state(state_url, legacy_dir=tmp_path / "gateway-state")
@@ -124,7 +123,7 @@ def status_of(thread: GatewayThread, token: str) -> int:
 
 def test_a_revocation_anywhere_is_refused_by_every_replica_within_a_second(
     tmp_path: Path,
-    state_url: str,  # noqa: F811
+    state_url: str,
 ) -> None:
     token = DeviceRegistry.add_to(state_url, "cam-01", "g")
     replicas = [replica(tmp_path, state_url, name) for name in ("a", "b")]
@@ -148,7 +147,7 @@ def test_a_revocation_anywhere_is_refused_by_every_replica_within_a_second(
             thread.stop()
 
 
-def test_one_report_through_two_replicas_is_counted_once(state_url: str) -> None:  # noqa: F811
+def test_one_report_through_two_replicas_is_counted_once(state_url: str) -> None:
     first, second = RolloutStore(open_state(state_url)), RolloutStore(open_state(state_url))
     first.start("m", 3, "g", 100)
     threads = [
@@ -174,7 +173,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_the_command_line_works_against_the_state_url(
     tmp_path: Path,
-    state_url: str,  # noqa: F811
+    state_url: str,
 ) -> None:
     upgraded = cli(state_url, "--state-dir", str(tmp_path), "db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr

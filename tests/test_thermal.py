@@ -6,7 +6,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from edge_core.repository import ModelRepository
 
 from .support.paths import MODELS
 from .support.roots import make_root
+from .support.waiting import wait_for
 
 ZONE = "sys/class/thermal/thermal_zone0/temp"
 
@@ -70,15 +70,6 @@ def controller(
     profile: DeviceProfile, root: Path, precisions: Precisions, **kwargs: Any
 ) -> ThermalController:
     return ThermalController(profile, root, set_precision=precisions, **kwargs)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 def test_normal_temperatures_change_nothing(pi5: DeviceProfile, root: Path) -> None:
@@ -384,9 +375,9 @@ def test_the_background_loop_steps_on_its_interval(pi5: DeviceProfile, root: Pat
             thermal.start()
         heat(root, 82.0)
         # well under the 5 s default interval, with room for a busy machine
-        assert wait_until(lambda: thermal.power_mode == "powersave", 100 * interval)
+        wait_for(lambda: thermal.power_mode == "powersave", 100 * interval, interval=0.005)
         heat(root, 70.0)
-        assert wait_until(lambda: thermal.power_mode == "balanced", 100 * interval)
+        wait_for(lambda: thermal.power_mode == "balanced", 100 * interval, interval=0.005)
     finally:
         thermal.stop(timeout=5.0)
     assert not thermal.running

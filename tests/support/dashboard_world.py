@@ -9,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,22 +26,12 @@ from .ota_world import signed_repository
 from .paths import MODELS, ROOT
 from .roots import make_root
 
-__all__ = ["SCREENSHOTS", "Agent", "DashboardWorld", "chromium", "wait_until"]
+__all__ = ["SCREENSHOTS", "Agent", "DashboardWorld", "chromium"]
 
 GROUP = "rpi5-int8"
 # Where each browser test saves its picture: the test's folder, or (`make screenshots`)
 # the docs' images, as dashboard-<name>.png.
 SCREENSHOTS = os.environ.get("DASHBOARD_SCREENSHOTS")
-
-
-def wait_until(check: Callable[[], Any], seconds: float = 20.0, what: str = "") -> Any:
-    end = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not within {seconds} s: {what}"
-        time.sleep(0.1)
 
 
 @dataclass
