@@ -25,6 +25,7 @@ from .broker import TestBroker
 from .ota_world import signed_repository
 from .paths import MODELS, ROOT
 from .roots import make_root
+from .services import need
 
 __all__ = ["SCREENSHOTS", "Agent", "DashboardWorld", "chromium"]
 
@@ -169,6 +170,7 @@ def make_world(root: Path) -> DashboardWorld:
 def chromium(downloads: Path) -> Any:
     """A headless Chromium through Debian's chromedriver (the same version, both from
     the distribution's packages; `make test` installs them when missing)."""
+    need("browser")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
