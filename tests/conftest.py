@@ -12,8 +12,38 @@ from edge_agent.privacy.faces import FaceFinder, open_detectors
 from edge_agent.profiles import ProfileStore
 from edge_core.repository import ModelRepository
 
+from .support import services
 from .support.gateway import start_gateway
 from .support.paths import MODELS, PROFILES, ROOT
+
+# fixtures that several test modules use, defined beside what they run
+pytest_plugins = ["tests.support.postgres", "tests.support.engines"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Say which test runs, for :func:`tests.support.services.need`."""
+    services.running(item)
+    try:
+        return (yield)
+    finally:
+        services.running(None)
+
+
+# fixtures that start a service: a test that uses one needs it
+FIXTURE_NEEDS = {"postgres": "postgres", "mlserver": "registry"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark what the fixtures say: a test using a fixture of :data:`FIXTURE_NEEDS`, or
+    the ``postgresql`` case of ``state_url``, needs that service."""
+    for item in items:
+        needs = {FIXTURE_NEEDS[name] for name in item.fixturenames if name in FIXTURE_NEEDS}
+        params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("state_url") == "postgresql":
+            needs.add("postgres")
+        for service in sorted(needs):
+            item.add_marker(getattr(pytest.mark, service))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ sending batch-1 requests one after another for ``--seconds``. gRPC gives the cha
 one process with the same target and options one connection, so N clients are N calls
 at once on a single HTTP/2 connection, against the server's per-connection stream
 limit. It prints, for each client count, the requests answered and the failures by
-status and message. ``tests/test_grpc_clients.py`` runs it against a real gateway.
+status and message. ``tests/gateway/test_grpc_clients.py`` runs it against a real gateway.
 """
 
 from __future__ import annotations

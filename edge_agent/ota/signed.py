@@ -154,7 +154,7 @@ def allow_expiry_slack(updater: Any, seconds: float) -> None:
     (``TrustedMetadataSet.reference_time``, set to now when the ``Updater`` is made) and
     has no public way to change it, so this is the one place that reaches into its
     private state. It is pinned to the versions ``pyproject.toml`` allows (``tuf>=5,<8``):
-    ``tests/test_ota.py`` checks that the attribute is still where it was, and that an
+    ``tests/e2e/test_ota_rollouts.py`` checks that the attribute is still where it was, and that an
     expired timestamp verifies within the slack.
     """
     trusted = updater._trusted_set

@@ -73,7 +73,7 @@ def without_httpx_command_line() -> None:
     development environment, a device image with other tools); the daemon, which
     offloads and updates over httpx, never runs that command line. httpx treats a
     ``_main`` that cannot be imported as its own install without the ``cli`` extra,
-    its supported configuration (tests/test_daemon.py checks that it still does).
+    its supported configuration (tests/agent/test_daemon.py checks that it still does).
     Called once, when the daemon is made, before anything imports httpx.
     """
     if "httpx" not in sys.modules:

@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cloud_gateway import cpus
 from tests.support.paths import ROOT
 
 CORES = sorted(cpus.available())
 
 
+@pytest.mark.slow
 def test_bench_reports_both_limits_and_every_case(tmp_path: Path) -> None:
     out = tmp_path / "gateway.json"
     result = subprocess.run(

@@ -3,11 +3,14 @@ the gateway killed halfway."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.agent.hybrid import run_hybrid
 from edge_agent.profiles import ProfileStore
 from tests.support.paths import MODELS, PROFILES
 
 
+@pytest.mark.slow
 def test_hybrid_benchmark_answers_everything_with_the_gateway_killed() -> None:
     report = run_hybrid(ProfileStore(PROFILES).get("generic-x86_64"), MODELS)
     setups = report["setups"]

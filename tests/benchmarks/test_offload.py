@@ -23,6 +23,7 @@ def test_the_echo_server_returns_the_bytes_it_got() -> None:
         assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
+@pytest.mark.slow
 def test_the_offload_benchmark_measures_each_path_against_the_gateways_compute(
     tmp_path: Path,
 ) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.agent.ota import format_ota, run_ota
 
 
+@pytest.mark.slow
 def test_the_ota_benchmark_installs_each_size_with_bounded_memory() -> None:
     report = run_ota(sizes=(2, 12))
     sizes = report["sizes"]

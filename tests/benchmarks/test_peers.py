@@ -159,6 +159,7 @@ def test_a_missing_interpreter_is_a_clear_skip(tmp_path: Path) -> None:
     assert not installed("peer-x", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_failed_install_says_why_and_leaves_no_marker(tmp_path: Path) -> None:
     # a requirement pip cannot read fails at once, without the network
     with pytest.raises(PeerUnavailable, match="pip install") as caught:

@@ -14,6 +14,8 @@ from benchmarks.agent.service import ServiceSettings, run_service
 from benchmarks.agent.service_report import format_service
 from tests.support.paths import MODELS
 
+pytestmark = pytest.mark.broker  # the benchmark runs its own Mosquitto
+
 SETTINGS = ServiceSettings(
     requests=30, warmup=5, starts=2, idle_s=0.5, soak_s=3.0, sample_every_s=1.0
 )

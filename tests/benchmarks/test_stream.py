@@ -11,12 +11,14 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
 from benchmarks.agent.stream import CLIP_SIZE, describe_clip, format_stream, write_clip
 from benchmarks.targets import TARGETS, judge
 from tests.support.paths import MODELS
 
 
+@pytest.mark.slow
 def test_the_clip_is_640x480_at_30_frames_a_second_and_still_in_the_middle(
     tmp_path: Path,
 ) -> None:
@@ -35,6 +37,7 @@ def test_the_clip_is_640x480_at_30_frames_a_second_and_still_in_the_middle(
     assert min(moving) > 3 * max(still)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_each_way_and_judges_it(tmp_path: Path) -> None:
     out = tmp_path / "stream.json"
     result = subprocess.run(

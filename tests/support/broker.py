@@ -4,15 +4,22 @@ start it (from its base) and reload its password and ACL files."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from benchmarks.agent.mosquitto import Mosquitto
 from edge_core.errors import EdgeError
+
+from .services import need
 
 __all__ = ["TestBroker"]
 
 
 class TestBroker(Mosquitto):
     __test__ = False  # not a test class, for pytest
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        need("broker")
+        super().__init__(*args, **kwargs)
 
     def reload(self, timeout: float = 10.0) -> None:
         """SIGHUP: re-read the password and ACL files. Returns once the broker has

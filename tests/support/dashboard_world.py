@@ -9,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,23 +25,14 @@ from .broker import TestBroker
 from .ota_world import signed_repository
 from .paths import MODELS, ROOT
 from .roots import make_root
+from .services import need
 
-__all__ = ["SCREENSHOTS", "Agent", "DashboardWorld", "chromium", "wait_until"]
+__all__ = ["SCREENSHOTS", "Agent", "DashboardWorld", "chromium"]
 
 GROUP = "rpi5-int8"
 # Where each browser test saves its picture: the test's folder, or (`make screenshots`)
 # the docs' images, as dashboard-<name>.png.
 SCREENSHOTS = os.environ.get("DASHBOARD_SCREENSHOTS")
-
-
-def wait_until(check: Callable[[], Any], seconds: float = 20.0, what: str = "") -> Any:
-    end = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not within {seconds} s: {what}"
-        time.sleep(0.1)
 
 
 @dataclass
@@ -181,6 +170,7 @@ def make_world(root: Path) -> DashboardWorld:
 def chromium(downloads: Path) -> Any:
     """A headless Chromium through Debian's chromedriver (the same version, both from
     the distribution's packages; `make test` installs them when missing)."""
+    need("browser")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -18,6 +18,7 @@ from benchmarks.peers import mlserver as mlserver_engine
 from edge_core.processes import free_port, stop_process
 
 from .paths import MODELS
+from .services import need
 
 __all__ = ["MLServer", "mlserver"]
 
@@ -37,6 +38,7 @@ class MLServer:
 @pytest.fixture(scope="session")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLServer]:
     """MLServer serving digits-heavy (ONNX FP32 through our custom runtime)."""
+    need("registry")  # MLServer is installed into a venv of its own
     folder = tmp_path_factory.mktemp("mlserver")
     mlserver_engine.model_dir(folder / "models", MODELS / "digits-heavy" / "1")
     http_port, grpc_port = free_port(), free_port()

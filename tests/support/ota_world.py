@@ -31,10 +31,13 @@ from cloud_gateway.ota.keys import KeyStore
 from cloud_gateway.ota.publish import OtaRepository
 from cloud_gateway.ota.rollouts import RolloutStore
 from edge_agent.config import OtaSettings
-from edge_agent.ota import OtaStore, OtaUpdater, load_bundle
+from edge_agent.ota import OtaStore, OtaUpdater, load_bundle, smoke_test
 from edge_agent.ota.bundle import Enrollment
 from edge_agent.profiles import ProfileStore
-from edge_core.ota.crypto import encrypt_file, unwrap_key
+from edge_core.ota.crypto import (
+    encrypt_file,
+    unwrap_key,
+)
 from edge_core.ota.plan import key_target, payload_target
 
 from .packages import sized_package
@@ -479,3 +482,39 @@ class EncodingServer:
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+PROFILE = ProfileStore(PROFILES).get("raspberry-pi-5")
+
+
+def assert_serves(
+    world: OtaWorld, device: Device, version: int, name: str = "digits-light"
+) -> None:
+    """The device's active model is ``version``, complete, and passes its smoke test."""
+    store = world.store(device)
+    active = store.active(name)
+    assert active is not None and active.version == version
+    package = store.package(name, device.enrollment.group, device.enrollment.group_key)
+    assert package.version == version
+    smoke_test(package, PROFILE)
+
+
+def first_install(world: OtaWorld) -> Device:
+    device = world.enroll("cam-01")
+    world.release("digits-light", 2, LIGHT_INT8)
+    outcomes = world.updater(device).check()
+    assert [(o.name, o.version, o.status) for o in outcomes] == [("digits-light", 2, "installed")]
+    assert_serves(world, device, 2)
+    status, detail = world.rollouts.device_report(device.id, "digits-light", 2) or ("", "")
+    assert status == "installed" and detail.startswith("smoke test passed: tflite-int8"), detail
+    return device
+
+
+INSTALLER = Path(__file__).parent / "ota_installer.py"
+
+
+def run_installer(device: Device, url: str, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(INSTALLER), str(device.bundle), str(device.state), url]
+    return subprocess.run(
+        [*command, *options], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )

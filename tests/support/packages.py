@@ -13,7 +13,11 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_core.package import ModelPackage, Tolerance, Variant
+from edge_core.repository import ModelRepository
+from edge_core.runtime import RuntimeOptions
 from edge_core.tensors import TensorSpec
+
+from .paths import MODELS
 
 __all__ = ["blind_centerface", "sized_package", "with_sparse_member"]
 
@@ -109,3 +113,16 @@ def with_sparse_member(archive: bytes, name: str, size: int) -> bytes:
     header[148:156] = b" " * 8  # the checksum is summed over blanks in its place
     header[148:156] = b"%06o\0 " % sum(header)
     return archive[:end] + bytes(header) + b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def low_and_high_confidence() -> tuple[np.ndarray, np.ndarray]:
+    from edge_core.runtime import open_variant
+
+    package = ModelRepository(MODELS).get("digits-light")
+    session = open_variant(
+        package, package.variant("onnx-int8"), RuntimeOptions(threads=1, warmup=0)
+    )
+    x, _ = package.evaluation()
+    x = x.astype(np.float32)
+    confidence = session.run({"pixels": x})["probabilities"].max(axis=1)
+    return x[np.argmin(confidence)][None], x[np.argmax(confidence)][None]

@@ -21,6 +21,8 @@ import pytest
 
 from edge_core.processes import free_port
 
+from .services import need
+
 __all__ = ["PostgresCluster", "postgres", "state_url"]
 
 
@@ -43,6 +45,7 @@ class PostgresCluster:
     """A running cluster: a fresh database for each test (:meth:`database`)."""
 
     def __init__(self) -> None:
+        need("postgres")
         self.bin = _bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="edge-pg-"))
         self.data = self.root / "data"

@@ -19,6 +19,7 @@ from pathlib import Path
 from edge_core.processes import free_port, stop_process
 
 from .paths import ROOT
+from .services import need
 
 __all__ = ["Replica", "start_haproxy", "start_mosquitto", "start_replica", "wait_http"]
 
@@ -100,6 +101,7 @@ def start_replica(
 def start_haproxy(root: Path, a: Replica, b: Replica) -> tuple[subprocess.Popen[bytes], int, int]:
     """HAProxy on ``deploy/haproxy.cfg`` in front of ``a`` and ``b``; its process and its
     REST and gRPC ports, once both replicas are in."""
+    need("haproxy")
     binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
     http_port, grpc_port = free_port(), free_port()
     environment = {
@@ -128,6 +130,7 @@ def start_mosquitto(root: Path, files: Path) -> tuple[subprocess.Popen[bytes], i
     """Mosquitto on ``deploy/mosquitto.conf``, with free ports and the files of ``mqtt
     acl --out files`` put in for the deployment's paths; its process and the ports of
     its listeners for devices and for gateways."""
+    need("broker")
     port, gateway_port = free_port(), free_port()
     while gateway_port == port:
         gateway_port = free_port()

@@ -1,0 +1,103 @@
+"""When a server gives back what freed buffers left in the heap
+(:class:`edge_core.memory.HeapTrimmer`), against a fake ``/proc/self/statm``; the real
+gateway's memory is in tests/e2e/test_abuse_memory.py."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+from edge_core.memory import HeapTrimmer
+
+MiB = 1 << 20
+PAGE = resource.getpagesize()
+
+
+class Process:
+    """A fake process: its resident memory in ``statm``, and a trim that brings it down
+    to what is in use."""
+
+    def __init__(self, root: Path, resident: int) -> None:
+        self.statm = root / "statm"
+        self.in_use = resident
+        self.set(resident)
+
+    def set(self, resident: int) -> None:
+        self.statm.write_text(f"{10 * resident // PAGE} {resident // PAGE} 0 0 0 0 0\n")
+
+    def resident(self) -> int:
+        return int(self.statm.read_text().split()[1]) * PAGE
+
+    def trim(self) -> None:
+        self.set(self.in_use)
+
+
+def trimmer(process: Process, growth: int = 16 * MiB) -> HeapTrimmer:
+    return HeapTrimmer(growth, statm=str(process.statm), trim=process.trim)
+
+
+def test_no_trim_while_memory_stays_below_the_growth(tmp_path: Path) -> None:
+    process = Process(tmp_path, 100 * MiB)
+    heap = trimmer(process)
+    for resident in (100, 110, 105, 115):
+        process.set(resident * MiB)
+        assert not heap.check()
+    assert heap.trims == 0
+
+
+def test_growth_is_trimmed_and_once_more_when_it_stops(tmp_path: Path) -> None:
+    """A burst of large requests: a trim when memory grew past the mark (what the
+    requests still hold stays), and one more at the first check that finds it no longer
+    growing, which gives back the rest; then none while nothing grows."""
+    process = Process(tmp_path, 100 * MiB)
+    heap = trimmer(process)
+    process.in_use = 160 * MiB  # a request in flight
+    process.set(200 * MiB)
+    assert heap.check()
+    assert process.resident() == 160 * MiB
+    process.set(170 * MiB)  # still growing (less than 16 MiB): the next request
+    assert not heap.check()
+    process.in_use = 100 * MiB  # the burst is over: its pieces are free
+    assert heap.check()  # no longer growing
+    assert process.resident() == 100 * MiB
+    for _ in range(3):
+        assert not heap.check()
+    assert heap.trims == 2
+
+
+def test_memory_in_use_moves_the_mark_up(tmp_path: Path) -> None:
+    """Memory that a trim cannot give back (a model loaded) is not trimmed again and
+    again: the mark is what the trim left."""
+    process = Process(tmp_path, 100 * MiB)
+    heap = trimmer(process)
+    process.in_use = 300 * MiB
+    process.set(300 * MiB)
+    assert heap.check()
+    assert heap.check()  # the quiet check after it
+    for _ in range(5):
+        assert not heap.check()
+    assert heap.trims == 2
+
+
+def test_without_proc_or_malloc_trim_it_does_nothing(tmp_path: Path) -> None:
+    missing = HeapTrimmer(statm=str(tmp_path / "absent"), trim=lambda: None)
+    assert missing.resident() is None
+    assert not missing.check()
+    process = Process(tmp_path, 100 * MiB)
+    untrimmable = HeapTrimmer(statm=str(process.statm))
+    untrimmable._trim = None  # a C library without malloc_trim (musl)
+    process.set(900 * MiB)
+    assert not untrimmable.check()
+
+
+def test_the_real_process_is_read_and_glibcs_trim_is_called(tmp_path: Path) -> None:
+    """This process's ``/proc/self/statm`` is read, and glibc's ``malloc_trim`` is
+    found and called (the growth comes from a fake ``statm``: whether an allocation
+    grows resident memory depends on what the heap already holds)."""
+    resident = HeapTrimmer().resident()
+    assert resident is not None and resident > 10 * MiB
+    process = Process(tmp_path, 100 * MiB)
+    heap = HeapTrimmer(statm=str(process.statm))  # the real malloc_trim
+    process.set(200 * MiB)
+    assert heap.check()
+    assert heap.trims == 1
