@@ -1,0 +1,71 @@
+"""The layout map of docs/development.md names what the packages hold: every module
+and subpackage of each is on the map, and every line of the map that begins with a
+name begins with one that exists. A module added or moved without the map fails
+here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.support.paths import ROOT
+
+PACKAGES = ("edge_core", "edge_agent", "cloud_gateway", "benchmarks")
+NAME = re.compile(r"\b[a-z_0-9]+(?:\.py|/)")
+
+
+def the_map() -> dict[str, list[str]]:
+    """Each package's lines of the map (its own line and those below it)."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    section = text[text.index("## Layout") :]
+    block = section[section.index("```") + 3 :]
+    block = block[: block.index("```")]
+    lines: dict[str, list[str]] = {}
+    current = None
+    for line in block.splitlines():
+        if line and not line.startswith(" "):
+            current = line.split()[0].rstrip("/")
+            lines[current] = []
+        elif current is not None:
+            lines[current].append(line)
+    return lines
+
+
+def children(package: str) -> set[str]:
+    """What git tracks directly in ``package``: modules as ``name.py``, folders as
+    ``name/`` (not ``__init__.py``, ``__main__.py`` or data files)."""
+    files = subprocess.run(
+        ["git", "ls-files", package], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = set()
+    for path in files:
+        parts = path.split("/")[1:]
+        if len(parts) > 1:
+            found.add(parts[0] + "/")
+        elif parts[0].endswith(".py") and parts[0] not in ("__init__.py", "__main__.py"):
+            found.add(parts[0])
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_of_a_package_is_on_the_map(package: str) -> None:
+    named = {name for line in the_map()[package] for name in NAME.findall(line)}
+    assert not children(package) - named, (
+        f"not on the map in docs/development.md: {sorted(children(package) - named)}"
+    )
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_name_the_map_begins_a_line_with_exists(package: str) -> None:
+    first = {
+        match.group(0)
+        for line in the_map()[package]
+        if line.startswith("  ") and not line.startswith("   ")
+        for match in [NAME.match(line.strip())]
+        if match is not None
+    }
+    assert not first - children(package), (
+        f"on the map but not in {package}: {sorted(first - children(package))}"
+    )
