@@ -206,6 +206,7 @@ def test_the_servers_own_errors_are_json(agent: Running, data: bytes, status: in
     assert "error" in json.loads(rest)
 
 
+@pytest.mark.slow
 def test_a_chunked_body_is_read_within_the_limit(agent: Running) -> None:
     payload = json.dumps(body(2)).encode()
     chunks = b"".join(

@@ -46,6 +46,7 @@ def agent(tmp_path: Path) -> Iterator[Running]:
     running.stop()
 
 
+@pytest.mark.slow
 def test_the_http_api_on_a_unix_socket(tmp_path: Path) -> None:
     sock = tmp_path / "run" / "api.sock"
     running = start_agent(tmp_path, api=f'socket = "{sock}"')
@@ -102,6 +103,7 @@ def test_ready_then_watchdog_pings_at_half_the_interval(agent: Running) -> None:
     assert any(line == "STOPPING=1" for _, line in agent.messages)
 
 
+@pytest.mark.slow
 def test_stock_tritonclient_gets_the_agents_answers(agent: Running) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient

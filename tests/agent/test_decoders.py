@@ -115,6 +115,7 @@ def cli(*args: str) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_infer_prints_boxes_and_the_tensors_only_when_asked(
     fetched: ModelRepository, tmp_path: Path
 ) -> None:

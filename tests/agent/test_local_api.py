@@ -84,6 +84,7 @@ def test_the_repository_index_answers_on_the_agent(agent: Running) -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_detectors_boxes_come_back_as_the_results_output(agent: Running) -> None:
     """Ask for the output named `results`: one JSON document a picture, the boxes in the
     pixels of the picture sent, beside the model's own outputs."""

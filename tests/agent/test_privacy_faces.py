@@ -62,6 +62,7 @@ def test_centerface_finds_the_astronauts_face_where_it_is(detector: FaceFinder) 
     assert isinstance(detector, CenterFace) and detector.scale == DEFAULT.scale
 
 
+@pytest.mark.slow
 def test_a_large_picture_is_searched_in_tiles_and_still_finds_a_small_face(
     detector: FaceFinder,
 ) -> None:

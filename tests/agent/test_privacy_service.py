@@ -81,6 +81,7 @@ def test_the_agent_redacts_a_tensor_and_an_encoded_picture_on_the_device(
         agent.redact({"text": np.array([b"hello"], dtype=object)})
 
 
+@pytest.mark.slow
 def test_the_local_api_has_a_redact_endpoint_over_http_and_grpc(
     apis: tuple[str, str], face_detectors: tuple[FaceFinder, FaceFinder]
 ) -> None:

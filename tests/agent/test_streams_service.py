@@ -158,6 +158,7 @@ def gateway(tmp_path: Path, fetched: ModelRepository) -> Any:
     handle.thread.stop()
 
 
+@pytest.mark.slow
 def test_a_personal_streams_frames_arrive_at_the_gateway_redacted(
     tmp_path: Path,
     gateway: Any,

@@ -49,6 +49,7 @@ def test_each_named_benchmark_is_a_command_that_takes_its_options(argv: list[str
     assert callable(args.run)
 
 
+@pytest.mark.slow
 def test_help_lists_every_benchmark() -> None:
     answer = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, cwd=ROOT

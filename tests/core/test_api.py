@@ -67,6 +67,7 @@ def test_importing_the_command_line_loads_no_runtime() -> None:
     assert not {"onnxruntime", "ai_edge_litert", "cv2"} & loaded
 
 
+@pytest.mark.slow
 def test_the_gateway_loads_no_device_code() -> None:
     loaded = loaded_after("import cloud_gateway.server, cloud_gateway.cli")
     assert not [m for m in loaded if m == "edge_agent" or m.startswith("edge_agent.")], loaded

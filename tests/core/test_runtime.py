@@ -56,6 +56,7 @@ def test_each_variant_matches_its_golden_outputs(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "variant_id"), COMMITTED)
 def test_each_variant_reaches_its_recorded_accuracy(
     repository: ModelRepository, model: str, variant_id: str

@@ -105,6 +105,7 @@ def test_pictures_up_to_the_limit_take_bounded_memory_and_give_it_back(agent: Ru
     assert after["VmRSS"] < small + 100, (small, after)
 
 
+@pytest.mark.slow
 def test_a_request_of_too_many_rows_is_refused(agent: Running) -> None:
     client = thttp.InferenceServerClient(f"127.0.0.1:{agent.http_port}")
     for rows, refused in ((32, False), (33, True), (4096, True)):

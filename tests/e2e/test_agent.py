@@ -268,6 +268,7 @@ def test_gateway_down_gives_degraded_answers_in_time_and_back_closes_the_breaker
         agent.close()
 
 
+@pytest.mark.slow
 def test_fallback_tiers_cache_then_error(
     tmp_path: Path, fetched: ModelRepository, detector: FaceFinder
 ) -> None:
@@ -323,6 +324,7 @@ class SilentServer:
             connection.close()
 
 
+@pytest.mark.slow
 def test_a_hanging_gateway_costs_no_more_than_the_deadline(detector: FaceFinder) -> None:
     server = SilentServer()
     agent = make_agent(f"127.0.0.1:{server.port}", "cam-01.x", detector)
@@ -391,6 +393,7 @@ class SlowSource:
         return self.repository.get(name)
 
 
+@pytest.mark.slow
 def test_latency_leaves_out_loading_the_model_which_is_reported_apart() -> None:
     agent = local_agent(SlowSource(0.3))
     x = {"pixels": low_and_high_confidence()[1]}

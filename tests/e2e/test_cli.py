@@ -294,6 +294,7 @@ def test_policy_explain_show_and_check(repository: ModelRepository, tmp_path: Pa
     assert_one_line_error(cli(*args, "--config", str(gateway_config)), "readable by others")
 
 
+@pytest.mark.slow
 def test_infer_with_a_gateway_config_escalates(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
 
     token = tmp_path / "device.token"

@@ -259,6 +259,7 @@ def test_a_plan_naming_an_older_version_does_not_move_the_device(world: OtaWorld
     assert world.rollouts.device_status("cam-01", "digits-light", 3) == "installed"
 
 
+@pytest.mark.slow
 def test_a_signed_withdrawal_takes_the_device_back(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -315,6 +316,7 @@ def test_a_withdrawn_version_is_never_installed(world: OtaWorld) -> None:
         world.repo.withdraw("digits-light", 9)
 
 
+@pytest.mark.slow
 def test_no_way_back_without_a_complete_previous_version(world: OtaWorld) -> None:
     device = first_install(world)  # v2 alone: no previous slot
     world.repo.withdraw("digits-light", 2)
@@ -327,6 +329,7 @@ def test_no_way_back_without_a_complete_previous_version(world: OtaWorld) -> Non
 # -- the unsigned plan ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "body",
     [

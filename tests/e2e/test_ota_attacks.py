@@ -42,6 +42,7 @@ from tests.support.ota_world import (
 # -- the attacks ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tampered_blob(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -63,6 +64,7 @@ def metadata(world: OtaWorld, role: str) -> Path:
     return world.repo.metadata_dir / f"{version}.{role}.json"
 
 
+@pytest.mark.slow
 def test_tampered_metadata(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -81,6 +83,7 @@ def test_tampered_metadata(world: OtaWorld) -> None:
     assert world.rollouts.device_status(device.id, "digits-light", 2) == "installed"
 
 
+@pytest.mark.slow
 def test_metadata_signed_by_an_untrusted_key(world: OtaWorld) -> None:
     from securesystemslib.signer import CryptoSigner
     from tuf.api.metadata import Metadata
@@ -97,6 +100,7 @@ def test_metadata_signed_by_an_untrusted_key(world: OtaWorld) -> None:
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_older_metadata_replayed(world: OtaWorld) -> None:
     device = first_install(world)
     old_timestamp = (world.repo.metadata_dir / "timestamp.json").read_bytes()
@@ -109,6 +113,7 @@ def test_older_metadata_replayed(world: OtaWorld) -> None:
     assert_serves(world, device, 3)
 
 
+@pytest.mark.slow
 def test_expired_metadata_freezes_nothing(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -132,6 +137,7 @@ def test_expired_metadata_freezes_nothing(world: OtaWorld) -> None:
     assert_serves(world, device, 3)
 
 
+@pytest.mark.slow
 def test_refresh_keeps_a_fleet_updating_past_the_snapshot_expiry(world: OtaWorld) -> None:
     device = first_install(world)
     now = datetime.now(timezone.utc).replace(microsecond=0)
@@ -192,6 +198,7 @@ def test_refresh_says_when_the_root_nears_expiry(tmp_path: Path) -> None:
     assert result.signed == ["targets", "snapshot", "timestamp"]  # all three had expired
 
 
+@pytest.mark.slow
 def test_mix_and_match_is_refused(world: OtaWorld) -> None:
     device = first_install(world)
     older_targets = metadata(world, "targets").read_bytes()
@@ -202,6 +209,7 @@ def test_mix_and_match_is_refused(world: OtaWorld) -> None:
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_blob_longer_than_declared_is_cut_and_refused(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -220,6 +228,7 @@ def test_a_blob_longer_than_declared_is_cut_and_refused(world: OtaWorld) -> None
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_blob_for_another_group_has_no_key(world: OtaWorld) -> None:
     device = first_install(world)
     world.publish("digits-light", 3, LIGHT_FP32, ["jetson-fp16"])
@@ -234,6 +243,7 @@ def test_a_blob_for_another_group_has_no_key(world: OtaWorld) -> None:
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_download_cut_halfway_resumes(world: OtaWorld, tmp_path: Path) -> None:
     device = first_install(world)
     world.release("big", 1, big_package(tmp_path, 3))
@@ -253,6 +263,7 @@ def test_a_download_cut_halfway_resumes(world: OtaWorld, tmp_path: Path) -> None
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_model_failing_its_smoke_test_is_rolled_back_and_reported(
     world: OtaWorld, tmp_path: Path
 ) -> None:
@@ -264,6 +275,7 @@ def test_a_model_failing_its_smoke_test_is_rolled_back_and_reported(
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_rollout_pauses_itself_on_failures(world: OtaWorld, tmp_path: Path) -> None:
     first = world.enroll("cam-01")
     second = world.enroll("cam-02")
@@ -313,6 +325,7 @@ def test_a_partial_slot_never_becomes_active(world: OtaWorld) -> None:
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_rollback_after_the_first_update_goes_back_to_the_bundled_model(
     world: OtaWorld,
 ) -> None:
@@ -337,6 +350,7 @@ def test_a_rollback_after_the_first_update_goes_back_to_the_bundled_model(
         world.updater(device, hooks={"bundled": lambda name: None}).rollback("digits-light")
 
 
+@pytest.mark.slow
 def test_rollback_by_hand_sticks(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -361,6 +375,7 @@ def test_rollback_by_hand_sticks(world: OtaWorld) -> None:
     assert_serves(world, device, 3)
 
 
+@pytest.mark.slow
 def test_key_rotation_is_followed(world: OtaWorld) -> None:
     device = first_install(world)
     world.repo.rotate("targets")
@@ -372,6 +387,7 @@ def test_key_rotation_is_followed(world: OtaWorld) -> None:
     assert cached_root["signed"]["version"] == 3
 
 
+@pytest.mark.slow
 def test_bandwidth_cap_paces_the_download(tmp_path: Path, world: OtaWorld) -> None:
     first_install(world)
     world.release("big", 1, big_package(tmp_path, 2))
@@ -399,6 +415,7 @@ def test_bandwidth_cap_paces_the_download(tmp_path: Path, world: OtaWorld) -> No
 # -- compression bombs: only unencoded bodies, limits on the bytes on the wire ---------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
 def test_a_compressed_blob_is_refused_before_it_is_read(tmp_path: Path, encoding: str) -> None:
     if encoding == "br":
@@ -421,6 +438,7 @@ def test_a_compressed_blob_is_refused_before_it_is_read(tmp_path: Path, encoding
     assert server.accepted == ["identity", "identity"]
 
 
+@pytest.mark.slow
 def test_the_installer_does_not_ask_again_for_a_refused_answer(tmp_path: Path) -> None:
     """A compressed or endless answer is refused at once, not retried with back-off."""
     from types import SimpleNamespace
@@ -446,6 +464,7 @@ def test_the_installer_does_not_ask_again_for_a_refused_answer(tmp_path: Path) -
     assert not (tmp_path / "part-None").exists()  # an endless answer's bytes are dropped
 
 
+@pytest.mark.slow
 def test_a_blob_longer_than_signed_is_cut_in_the_stream(tmp_path: Path) -> None:
     """No Content-Length to refuse up front (a body that ends when the connection
     closes): the download stops at the signed length and keeps nothing past it."""
@@ -462,6 +481,7 @@ def test_a_blob_longer_than_signed_is_cut_in_the_stream(tmp_path: Path) -> None:
     assert not (tmp_path / "blob").exists() or (tmp_path / "blob").stat().st_size <= 1000
 
 
+@pytest.mark.slow
 def test_compressed_metadata_and_plan_are_refused(world: OtaWorld, tmp_path: Path) -> None:
     def answer(path: str) -> bytes | None:
         if path == "/v2/ota/plan":

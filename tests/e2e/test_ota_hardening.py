@@ -165,6 +165,7 @@ def test_the_pace_is_read_from_the_config(tmp_path: Path) -> None:
 # -- item 9: a signed length the device cannot hold --------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_signed_length_the_device_cannot_hold_is_refused_before_any_download(
     world: OtaWorld,
 ) -> None:
@@ -224,6 +225,7 @@ def test_what_room_a_download_needs() -> None:
 # -- item 10: a package that inflates when read ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sparse_member_is_refused_before_it_is_read(world: OtaWorld, tmp_path: Path) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -243,6 +245,7 @@ def test_a_sparse_member_is_refused_before_it_is_read(world: OtaWorld, tmp_path:
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_the_signed_plaintext_length_is_enforced(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -257,6 +260,7 @@ def test_the_signed_plaintext_length_is_enforced(world: OtaWorld) -> None:
 # -- item 11: an integrity failure of a download is a refusal, retried ------------------------
 
 
+@pytest.mark.slow
 def test_a_resume_over_the_wrong_bytes_is_refused_and_retried(
     world: OtaWorld, tmp_path: Path
 ) -> None:

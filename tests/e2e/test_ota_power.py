@@ -105,6 +105,7 @@ def test_kill_9_at_twenty_points_of_the_install_leaves_a_valid_model(
 # -- the slots: power cuts, smoke tests, locks ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_slot_cut_while_being_emptied_is_no_previous_version(world: OtaWorld) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -131,6 +132,7 @@ def test_a_slot_cut_while_being_emptied_is_no_previous_version(world: OtaWorld) 
     assert_serves(world, device, 4)
 
 
+@pytest.mark.slow
 def test_a_failed_smoke_test_keeps_the_previous_version(world: OtaWorld, tmp_path: Path) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)
@@ -149,6 +151,7 @@ def test_a_failed_smoke_test_keeps_the_previous_version(world: OtaWorld, tmp_pat
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_a_failed_version_is_not_downloaded_again(world: OtaWorld, tmp_path: Path) -> None:
     device = first_install(world)
     world.publish("digits-light", 3, broken_package(tmp_path))
@@ -164,6 +167,7 @@ def test_a_failed_version_is_not_downloaded_again(world: OtaWorld, tmp_path: Pat
     assert_serves(world, device, 2)
 
 
+@pytest.mark.slow
 def test_stale_partial_downloads_are_removed(world: OtaWorld, tmp_path: Path) -> None:
     device = first_install(world)
     store = world.store(device)
@@ -180,6 +184,7 @@ def test_stale_partial_downloads_are_removed(world: OtaWorld, tmp_path: Path) ->
     assert_serves(world, device, 1, name="big")
 
 
+@pytest.mark.slow
 def test_two_updaters_never_run_at_once(world: OtaWorld, tmp_path: Path) -> None:
     device = first_install(world)
     world.release("digits-light", 3, LIGHT_FP32)

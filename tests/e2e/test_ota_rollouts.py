@@ -89,6 +89,7 @@ def test_an_aborted_rollout_is_never_moved_by_a_concurrent_change(
     other.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "body",
     [
@@ -110,6 +111,7 @@ def test_a_malformed_report_is_a_400(world: OtaWorld, body: bytes) -> None:
     assert response.status_code == 400, response.text
 
 
+@pytest.mark.slow
 def test_concurrent_publishes_sign_one_after_the_other(world: OtaWorld) -> None:
     barrier = threading.Barrier(2, timeout=2)
 
@@ -196,6 +198,7 @@ class CuttingKeys(KeyStore):
         super().commit(role)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("role", ["targets", "root"])
 @pytest.mark.parametrize("at", ["key-written", "root-written"])
 def test_a_rotation_cut_by_a_power_loss_never_loses_the_signing_key(

@@ -640,6 +640,7 @@ def test_huge_versions_and_bad_names_are_invalid_argument_over_grpc(
     assert not log.tracebacks() and not log.lines()
 
 
+@pytest.mark.slow
 def test_distinct_unknown_names_do_not_grow_metrics(plain: GatewayHandle) -> None:
     """Every client-chosen name is counted under ``unknown`` (defect 2)."""
     client = tgrpc.InferenceServerClient(plain.grpc_url)

@@ -172,6 +172,7 @@ def test_concurrent_requests_share_one_batch() -> None:
         assert y.tolist() == [[2 * i, 2 * i]]
 
 
+@pytest.mark.slow
 def test_busy_delay_gathers_concurrent_clients_and_spares_a_lone_one() -> None:
     model = FakeModel(delay=0.05)
     config = BatchingSettings(max_batch_size=16, max_queue_delay_us=0, busy_delay_us=300_000)
@@ -283,6 +284,7 @@ def test_a_busy_batch_never_waits_for_more_clients_than_there_are() -> None:
     assert max(waits) < 2.0 and took < 2.5
 
 
+@pytest.mark.slow
 def test_a_waiting_queue_is_planned_again_only_when_it_could_go(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -420,6 +422,7 @@ def test_a_bad_request_fails_alone() -> None:
     assert model.batches[0] == 3  # tried together first, then one by one
 
 
+@pytest.mark.slow
 def test_each_request_keeps_its_deadline() -> None:
     model = FakeModel(delay=0.5)
 

@@ -6,6 +6,8 @@ import asyncio
 import socket
 from typing import Any
 
+import pytest
+
 from cloud_gateway.rest.coalesce import HeadHeld
 from tests.support.gateway import GatewayHandle
 
@@ -77,6 +79,7 @@ def test_a_head_alone_leaves_on_the_next_turn_and_before_closing() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_answers_through_it_are_whole_on_kept_alive_and_closed_connections(
     gateway: GatewayHandle,
 ) -> None:

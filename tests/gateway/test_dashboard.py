@@ -305,6 +305,7 @@ def csrf_of(client: httpx.Client) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_sign_in_takes_an_admin_token_only_and_its_cookie_is_locked_down(
     gateway: GatewayHandle,
 ) -> None:
@@ -445,6 +446,7 @@ def test_the_api_checks_who_asks_before_it_reads_the_query(gateway: GatewayHandl
         assert httpx.get(f"{url}{query}", headers=gateway.headers()).status_code == 403, query
 
 
+@pytest.mark.slow
 def test_huge_and_unicode_numbers_are_400_on_the_telemetry_and_action_endpoints(
     gateway: GatewayHandle,
 ) -> None:

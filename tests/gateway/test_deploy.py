@@ -31,6 +31,7 @@ def tool(name: str) -> str:
     return found
 
 
+@pytest.mark.slow
 def test_the_kubernetes_manifests_match_the_api() -> None:
     import kubernetes_validate
 

@@ -268,6 +268,7 @@ def test_mismatched_raw_contents_and_malformed_protobuf(gateway: GatewayHandle) 
 # -- limits ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_body_size_limit(tmp_path: Path) -> None:
     handle = start_gateway(
         tmp_path, small_repository(tmp_path), max_body_bytes=4096, poll_interval_s=0.0
@@ -437,6 +438,7 @@ def test_a_grpc_call_ended_early_is_counted(tmp_path: Path) -> None:
 # -- the repository --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_models_reload_on_change_without_a_restart(tmp_path: Path) -> None:
     repository = small_repository(tmp_path)
     handle = start_gateway(tmp_path, repository, poll_interval_s=0.1)
@@ -560,6 +562,7 @@ def test_metrics_count_requests_failures_devices_and_latency(tmp_path: Path) -> 
         handle.thread.stop()
 
 
+@pytest.mark.slow
 def test_metrics_need_a_token_by_default_and_survive_a_reload(tmp_path: Path) -> None:
     repository = small_repository(tmp_path)
     handle = start_gateway(tmp_path, repository, poll_interval_s=0.1)

@@ -241,6 +241,7 @@ BASES: dict[tuple[str, str], dict[str, Any]] = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_every_documented_number_refuses_huge_and_unicode_numbers(
     fleet: Fleet,
 ) -> None:

@@ -210,6 +210,7 @@ def front_of(tmp: Path, engine: GatewayHandle, protocol: str, **fields: object) 
     return start_gateway(tmp / "front", empty, poll_interval_s=0.0, backends=(settings,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_the_deadline_reaches_the_engine(
     tmp_path: Path, engine: GatewayHandle, protocol: str
@@ -231,6 +232,7 @@ def test_the_deadline_reaches_the_engine(
         front.thread.stop()
 
 
+@pytest.mark.slow
 def test_the_engines_errors_map_to_the_status_table(tmp_path: Path, engine: GatewayHandle) -> None:
     front = front_of(tmp_path, engine, "grpc", max_in_flight=1)
     try:
@@ -345,6 +347,7 @@ def test_the_engine_http_client_reads_chunked_answers_and_reconnects() -> None:
     assert len(served) == 3
 
 
+@pytest.mark.slow
 def test_binary_tensors_pass_through_to_an_http_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -139,6 +139,7 @@ def test_a_run_reports_the_cpu_a_request_took(gateway: GatewayHandle, tmp_path: 
     assert "server_cpu_us_per_request" not in without and "client_cpu_us_per_request" in without
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_cloud_gateway_bench_loads_a_running_gateway(
     gateway: GatewayHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str], protocol: str

@@ -51,6 +51,7 @@ def kept(world: OtaWorld, table: str) -> list[tuple[Any, ...]]:
         return [tuple(row) for row in connection.execute(sa.text(f"SELECT * FROM {table}"))]
 
 
+@pytest.mark.slow
 def test_a_report_on_a_version_its_group_was_never_offered_is_refused_and_not_kept(
     world: OtaWorld,
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_report_on_a_version_its_group_was_never_offered_is_refused_and_not_ke
     device.close()
 
 
+@pytest.mark.slow
 def test_a_flood_of_invented_reports_keeps_nothing(world: OtaWorld) -> None:
     world.release("digits-light", 2, LIGHT_INT8)
     device = client(world, "cam-01")
@@ -95,6 +97,7 @@ def test_a_flood_of_invented_reports_keeps_nothing(world: OtaWorld) -> None:
     device.close()
 
 
+@pytest.mark.slow
 def test_a_devices_reports_are_rate_limited_and_not_its_neighbours(world: OtaWorld) -> None:
     world.release("digits-light", 2, LIGHT_INT8)
     first, second = client(world, "cam-01"), client(world, "cam-02")
@@ -143,6 +146,7 @@ def test_each_device_keeps_reports_on_its_newest_versions_only(
     store.database.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -204,6 +208,7 @@ def test_failing_update_checks_are_shown_with_the_rollouts_of_the_devices_slice(
     other.close()
 
 
+@pytest.mark.slow
 def test_a_failing_check_is_seen_through_the_dashboard_api(world: OtaWorld) -> None:
     world.release("digits-light", 2, LIGHT_INT8)
     admin = DeviceRegistry.add_to(

@@ -120,6 +120,7 @@ def status_of(thread: GatewayThread, token: str) -> int:
         return int(error.code)
 
 
+@pytest.mark.slow
 def test_a_revocation_anywhere_is_refused_by_every_replica_within_a_second(
     tmp_path: Path,
     state_url: str,
