@@ -157,19 +157,16 @@ class Pool:
         reader, writer, port = await self.free.get()
         started = time.perf_counter()
         try:
-            writer.write(
-                f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            length = next(
-                int(line.split(":", 1)[1])
-                for line in head
-                if line.lower().startswith("content-length")
-            )
-            answer = await reader.readexactly(length)
+            try:
+                head, answer = await self._exchange(reader, writer, port, method, path, token, body)
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                    raise
+                # nothing came back: a pooled connection the gateway closed while it sat
+                # idle past its keep-alive; once more on a new one, as a client's pool does
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                head, answer = await self._exchange(reader, writer, port, method, path, token, body)
             status = head[0].split()[1]
             if status != "200":
                 self.errors.append(f"{method} {path}: {head[0]} {answer[:100]!r}")
@@ -182,6 +179,29 @@ class Pool:
             return None
         finally:
             self.free.put_nowait((reader, writer, port))
+
+    @staticmethod
+    async def _exchange(
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        port: int,
+        method: str,
+        path: str,
+        token: str,
+        body: bytes,
+    ) -> tuple[list[str], bytes]:
+        """One request on a connection: the answer's head lines and its body."""
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        length = next(
+            int(line.split(":", 1)[1]) for line in head if line.lower().startswith("content-length")
+        )
+        return head, await reader.readexactly(length)
 
     def take(self) -> tuple[list[float], list[str]]:
         out = (self.latencies, self.errors)
