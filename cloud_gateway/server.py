@@ -101,6 +101,8 @@ def _port_error(
 # how often what devices were heard from is written (one statement a kind, for them all)
 HEARD_INTERVAL_S = 1.0
 TELEMETRY_INTERVAL_S = 1.0  # how often the telemetry taken is written (one batch)
+# grpc's own limits on calls accepted and not yet taken (the floor of ours)
+PENDING_SOFT, PENDING_HARD = 1000, 3000
 PRUNE_INTERVAL_S = 60.0  # how often the history past its hours, old sign-ins and reports go
 
 
@@ -117,10 +119,12 @@ def _pending_call_limits(streams: int) -> list[tuple[str, int]]:
     calls: the soft limit is twice that, the hard one four times, and only several
     connections at their limit make grpc shed. At grpc's own 1000 and 3000, one
     rapid-reset connection at a limit of 1000 kept the queue at the soft limit, and
-    honest clients on other connections lost a call in a few hundred."""
+    honest clients on other connections lost a call in a few hundred. Never below
+    grpc's own: the queue is shared by every connection, and a low stream limit with
+    many devices (each a connection) must not shed their calls."""
     return [
-        ("grpc.server.max_pending_requests", 2 * streams),
-        ("grpc.server.max_pending_requests_hard_limit", 4 * streams),
+        ("grpc.server.max_pending_requests", max(PENDING_SOFT, 2 * streams)),
+        ("grpc.server.max_pending_requests_hard_limit", max(PENDING_HARD, 4 * streams)),
     ]
 
 

@@ -16,7 +16,6 @@ smaller buffers leave free inside the arenas a server gives back with a
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 from collections.abc import Callable
@@ -40,6 +39,7 @@ def give_back_large_buffers() -> bool:
 
 
 GROWTH_TO_TRIM = 16 * 1024 * 1024  # resident memory grown this much since the last trim
+QUIET_TO_TRIM = 4 * 1024 * 1024  # ... or this much, and not growing since the last look
 TRIM_INTERVAL_S = 1.0  # how often a server calls HeapTrimmer.check
 
 
@@ -51,25 +51,26 @@ class HeapTrimmer:
     pieces free in the middle of an arena when it ends, and the arena keeps them. A
     gateway sent one 60 MB request after another kept 50 MB more every few of them,
     none of it in use. :meth:`check` asks glibc's ``malloc_trim`` to give free pages
-    back when resident memory has grown by ``growth`` bytes since it last did, and
-    once more when it has stopped growing (a trim in the middle of requests keeps
-    what they still hold); a trim walks every arena, so it is not done after every
-    request, and memory in use only moves the mark up. Where ``/proc`` or
+    back when resident memory has grown by ``growth`` bytes since the last trim left
+    it, or by ``quiet`` bytes and is no longer growing (what a burst of requests held
+    when it was trimmed mid-way is given back when it is over). A trim walks every
+    arena, so it is not done after every request; memory that stays in use moves the
+    mark up with the trim that could not give it back. Where ``/proc`` or
     ``malloc_trim`` are missing it does nothing."""
 
     def __init__(
         self,
         growth: int = GROWTH_TO_TRIM,
+        quiet: int = QUIET_TO_TRIM,
         *,
         statm: str = "/proc/self/statm",
         trim: Callable[[], object] | None = None,
     ) -> None:
-        self.growth = growth
+        self.growth, self.quiet = growth, quiet
         self.trims = 0
         self._statm = statm
         self._trim = trim if trim is not None else _malloc_trim()
         self._mark = self._last = self.resident()
-        self._settled = True  # no trim since the last one in a quiet moment
 
     def resident(self) -> int | None:
         """The process's resident memory in bytes (``None`` without ``/proc``)."""
@@ -80,19 +81,17 @@ class HeapTrimmer:
             return None
 
     def check(self) -> bool:
-        """Trim if resident memory grew by ``growth`` since the last trim, or has
-        stopped growing since a trim while it grew; whether it did."""
+        """Trim if resident memory grew by ``growth`` since the last trim left it, or by
+        ``quiet`` and not since the last check; whether it did."""
         now, last = self.resident(), self._last
         self._last = now
         if self._trim is None or now is None or self._mark is None or last is None:
             return False
-        if now >= self._mark + self.growth:
-            self._settled = False
-        elif self._settled or now > last:
+        grew = now >= self._mark + self.growth
+        settled = now >= self._mark + self.quiet and now <= last
+        if not (grew or settled):
             self._mark = min(self._mark, now)
             return False
-        else:
-            self._settled = True  # it grew, and now it does not: the burst is over
         self._trim()
         self.trims += 1
         self._mark = self._last = self.resident()
@@ -103,10 +102,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _libc_function(name: str) -> Any:
-    """The C library's function ``name``, or ``None`` where it has none."""
-    library = ctypes.util.find_library("c")
+    """The C library's function ``name``, or ``None`` where it has none (the process's
+    own symbols: no ``ldconfig`` or compiler needed to find the library)."""
     try:
-        return getattr(ctypes.CDLL(library), name) if library else None
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
 

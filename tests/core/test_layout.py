@@ -57,15 +57,31 @@ def test_every_module_of_a_package_is_on_the_map(package: str) -> None:
     )
 
 
+def everything(package: str) -> set[str]:
+    """Every module and folder git tracks in ``package``, at any depth, by name."""
+    files = subprocess.run(
+        ["git", "ls-files", package], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    names = set()
+    for path in files:
+        parts = path.split("/")[1:]
+        names.update(part + "/" for part in parts[:-1])
+        names.add(parts[-1])
+    return names
+
+
 @pytest.mark.parametrize("package", PACKAGES)
-def test_every_name_the_map_begins_a_line_with_exists(package: str) -> None:
+def test_every_name_on_the_map_exists(package: str) -> None:
+    """A name that begins a line is one of the package's own; any other (a module a
+    folder's line names) is somewhere in it."""
+    lines = [line for line in the_map()[package] if line.strip()]
     first = {
-        match.group(0)
-        for line in the_map()[package]
-        if line.startswith("  ") and not line.startswith("   ")
-        for match in [NAME.match(line.strip())]
-        if match is not None
+        m.group(0)
+        for line in lines
+        if (m := NAME.match(line.strip())) and line.startswith("  ") and not line.startswith("   ")
     }
-    assert not first - children(package), (
-        f"on the map but not in {package}: {sorted(first - children(package))}"
+    assert not first - children(package), f"not in {package}: {sorted(first - children(package))}"
+    named = {name for line in lines for name in NAME.findall(line)}
+    assert not named - everything(package), (
+        f"not in {package}: {sorted(named - everything(package))}"
     )

@@ -175,3 +175,15 @@ def test_a_rapid_reset_connection_is_refused_and_others_are_served(
         handle.thread.stop()
     assert_all_answered(result["honest"])
     assert attacker.refused > 0, f"none of {opened} reset calls was refused"
+
+
+@pytest.mark.parametrize("streams", [1, 100, 1000, 4096])
+def test_the_queue_of_calls_not_yet_taken_holds_what_connections_may(streams: int) -> None:
+    """Twice and four times what one connection holds, never below grpc's own limits:
+    the queue is every connection's, and a low stream limit with many devices (64
+    clients, one connection each, at a limit of 1) had 24,757 calls cancelled."""
+    from cloud_gateway.server import _pending_call_limits
+
+    limits = dict(_pending_call_limits(streams))
+    assert limits["grpc.server.max_pending_requests"] == max(1000, 2 * streams)
+    assert limits["grpc.server.max_pending_requests_hard_limit"] == max(3000, 4 * streams)

@@ -1,6 +1,6 @@
 """Run one update check as a device would, in its own process: for the power-loss tests.
 
-    python tests/ota_installer.py BUNDLE STATE_DIR URL [--crash-at N | --list-steps]
+    python tests/support/ota_installer.py BUNDLE STATE_DIR URL [--crash-at N | --list-steps]
                                  [--pause-at STEP --gate FILE]
                                  [--file-limit-at STEP --file-limit BYTES]
 
