@@ -58,6 +58,9 @@ from edge_core.protocol.types import InferRequest
 
 Send = Callable[[], Awaitable[None]]
 
+# the longest a request may wait for its answer (a run always ends)
+REQUEST_TIMEOUT_S = 10.0
+
 # a connection of its own for each client's channel (see the module's docstring)
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
@@ -190,10 +193,25 @@ async def _stock(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callabl
     return send, client.close
 
 
+class RequestTimeout(TimeoutError):
+    """No answer within the client's timeout: its connection is in an unknown state
+    (an ``OSError``, so the client stops)."""
+
+
 async def _connect(args: argparse.Namespace, x: np.ndarray) -> tuple[Send, Callable[[], Any]]:
     if args.client == "tritonclient":
-        return await _stock(args, x)
-    return await (_grpc_raw if args.protocol == "grpc" else _http_raw)(args, x)
+        send, close = await _stock(args, x)
+    else:
+        send, close = await (_grpc_raw if args.protocol == "grpc" else _http_raw)(args, x)
+    timeout = float(getattr(args, "timeout", REQUEST_TIMEOUT_S))
+
+    async def bounded() -> None:
+        try:
+            await asyncio.wait_for(send(), timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"no answer within {timeout:g} s") from None
+
+    return bounded, close
 
 
 async def _worker(

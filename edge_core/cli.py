@@ -13,11 +13,12 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 
 from edge_core.errors import EdgeError
 from edge_core.memory import give_back_large_buffers
 
-__all__ = ["run_command"]
+__all__ = ["moved_benchmark", "run_command"]
 
 
 def run_command(
@@ -71,3 +72,28 @@ def _silence_stdout() -> None:
         pass  # stdout is not a real file (tests capture it): nothing to flush later
     finally:
         os.close(devnull)
+
+
+def moved_benchmark(
+    argv: Sequence[str], prog: str, names: frozenset[str], flags: dict[str, str]
+) -> str | None:
+    """Where a benchmark that ``prog bench`` ran before 0.3.0 went, told before its old
+    options reach the parser (which would refuse them first): ``prog bench NAME ...``
+    for a name in ``names``, or ``prog bench ... FLAG ...`` for a flag in ``flags``
+    (flag -> the benchmark's name), is ``python -m benchmarks NAME ...`` in a checkout.
+    ``None`` for anything else."""
+    if "bench" not in argv:
+        return None
+    rest = list(argv[list(argv).index("bench") + 1 :])
+    name = rest[0] if rest and rest[0] in names else None
+    if name is not None:
+        rest = rest[1:]
+    else:
+        name = next((flags[flag] for flag in rest if flag in flags), None)
+    if name is None:
+        return None
+    command = " ".join(["python -m benchmarks", name, *rest])
+    return (
+        f"`{prog} bench` no longer runs the project's benchmark {name!r}: it is "
+        f"`{command}` in a checkout of the project (python -m benchmarks --help)"
+    )

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from cloud_gateway.cli import db_cmd, device_cmd, load_cmd, ota_cmd, rollout_cmd, serve_cmd
 from edge_core import __version__
-from edge_core.cli import run_command
+from edge_core.cli import moved_benchmark, run_command
 from edge_core.errors import EdgeError
 
 __all__ = ["main"]
@@ -72,7 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what `cloud-gateway bench` ran before 0.3.0, now `python -m benchmarks NAME`: by
+# its name, or by an option only it had
+MOVED_BENCHMARKS = frozenset({"remote", "fleet", "dashboard"})
+MOVED_FLAGS = {"--peers": "peers", "--baseline": "peers", "--chart": "gateway"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    moved = moved_benchmark(argv, PROG, MOVED_BENCHMARKS, MOVED_FLAGS)
+    if moved is not None:
+        print(f"{PROG}: error: {moved}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
     token.add_argument("--token", help="a device's token (cloud-gateway device add)")
     token.add_argument("--token-file", type=Path, help="a file holding the token")
     bench.add_argument("--concurrency", default="1,8,32", help="client counts (default: 1,8,32)")
-    bench.add_argument("--seconds", type=float, default=3.0, help="seconds per client count")
+    bench.add_argument("--seconds", type=_positive, default=3.0, help="seconds per client count")
     bench.add_argument("--warmup", type=float, default=0.5, help="seconds before each count")
     bench.add_argument("--data", type=Path, help=".npy whose first row is the input (FP32)")
     bench.add_argument(
@@ -47,6 +47,10 @@ def register(commands: Any) -> None:
         default="raw",
         help="raw: requests encoded once, answers checked; tritonclient: the stock clients",
     )
+    bench.add_argument(
+        "--timeout", type=_positive, default=10.0,
+        help="seconds a request may wait for its answer (default: 10); then its client stops",
+    )  # fmt: skip
     bench.add_argument("--json", type=Path, help="write the results here")
     bench.set_defaults(run=_bench)
 
@@ -66,6 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
         "model": args.model, "token": token, "input": described["input"],
         "output": described["output"], "output_elements": described["output_elements"],
         "seconds": args.seconds, "warmup": args.warmup, "json_tensors": False, "cpu_of": None,
+        "timeout": args.timeout,
     }  # fmt: skip
     cases = []
     for count in counts:
@@ -110,6 +115,17 @@ def _read_token(path: Path) -> str:
         return path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"--token-file {path}: {exc.strerror}") from exc
+
+
+def _positive(text: str) -> float:
+    """A finite number of seconds above zero (argparse says the value was wrong)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    return value
 
 
 def _counts(text: str) -> list[int]:

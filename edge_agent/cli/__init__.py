@@ -23,6 +23,8 @@ from edge_core import __version__
 __all__ = ["main"]
 
 PROG = "edge-agent"
+# what `edge-agent bench NAME` ran before 0.3.0, now `python -m benchmarks NAME`
+MOVED_BENCHMARKS = frozenset({"hybrid", "offload", "ota", "mqtt", "service", "privacy", "stream"})
 
 
 class _OneLineFormatter(logging.Formatter):
@@ -79,8 +81,17 @@ def main(
     if reason is not None:
         print(f"{PROG}: error: {reason}", file=sys.stderr)
         return 1
-    from edge_core.cli import run_command
+    from edge_core.cli import moved_benchmark, run_command
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    moved = moved_benchmark(argv, PROG, MOVED_BENCHMARKS, {})
+    if moved is not None:
+        print(f"{PROG}: error: {moved}", file=sys.stderr)
+        return 2
+    if "bench" in argv:
+        at = argv.index("bench") + 1
+        if argv[at : at + 1] == ["runtime"]:
+            del argv[at]  # 0.2.0's default suite: what `bench --model` runs now
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)

@@ -24,8 +24,6 @@ def register(commands: Any) -> None:
         epilog="The project's comparative benchmarks (hybrid, offload, ota, mqtt, service, "
         "privacy, stream) run from a checkout: python -m benchmarks --help.",
     )
-    # `edge-agent bench hybrid` and the like, from before 0.3.0: said where they went
-    parser.add_argument("moved", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("--model", help="model name (required)")
     parser.add_argument("--version", type=int, help="model version (default: the newest)")
     parser.add_argument(
@@ -50,11 +48,6 @@ def register(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from edge_agent.latency import BenchSettings, format_report, run_agent_path, run_bench
 
-    if args.moved:
-        raise CliError(
-            f"`edge-agent bench {args.moved}` is a benchmark of the project now, not a "
-            f"command of the agent: run `python -m benchmarks {args.moved}` in a checkout"
-        )
     if not args.model:
         raise CliError("edge-agent bench needs --model NAME")
     repository = ModelRepository(args.model_dir or default_model_dir())

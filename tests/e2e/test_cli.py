@@ -244,11 +244,21 @@ def test_bench_prints_a_table_and_writes_json(tmp_path: Path) -> None:
 
 
 def test_bench_says_where_the_projects_benchmarks_went() -> None:
-    result = cli("bench", "hybrid")
-    assert result.returncode == 1
-    assert "run `python -m benchmarks hybrid` in a checkout" in result.stderr
+    """0.2.0's benchmarks, with their own options, are told where they went (before the
+    parser refuses those options); 0.2.0's default suite is `bench --model`."""
+    result = cli("bench", "ota", "--sizes", "50")
+    assert result.returncode == 2
+    assert "it is `python -m benchmarks ota --sizes 50` in a checkout" in result.stderr
     result = cli("bench")
     assert result.returncode == 1 and "needs --model NAME" in result.stderr
+    result = cli("bench", "runtime", "--model", "nope")
+    assert result.returncode == 1 and "nope" in result.stderr  # run as `bench --model nope`
+    gateway = subprocess.run(
+        [sys.executable, "-m", "cloud_gateway", "bench", "--peers", "triton", "--rounds", "2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert gateway.returncode == 2
+    assert "`python -m benchmarks peers --peers triton --rounds 2`" in gateway.stderr
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,56 @@ def test_cloud_gateway_bench_says_what_it_cannot_measure(
         == 1
     )
     assert "--concurrency wants client counts of at least 1" in capsys.readouterr().err
+
+
+class NeverAnswers(BaseHTTPRequestHandler):
+    """A server that describes a model and never answers an inference request."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = json.dumps(
+            {
+                "name": "m",
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.stop.wait(60)  # type: ignore[attr-defined]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_cloud_gateway_bench_ends_when_no_answer_comes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A request waits at most --timeout for its answer, then its client stops: the
+    run ends, says so, and fails (it had waited for ever)."""
+    from cloud_gateway.cli import main
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NeverAnswers)
+    server.daemon_threads = True
+    server.stop = threading.Event()  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"127.0.0.1:{server.server_address[1]}"
+    started = time.monotonic()
+    try:
+        code = main(
+            ["bench", "--url", url, "--protocol", "http", "--model", "m", "--token", "t",
+             "--concurrency", "2", "--seconds", "0.2", "--warmup", "0", "--timeout", "0.5"]
+        )  # fmt: skip
+    finally:
+        server.stop.set()  # type: ignore[attr-defined]
+        server.shutdown()
+    assert time.monotonic() - started < 10
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "errors" in out
