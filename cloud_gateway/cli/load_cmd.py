@@ -60,11 +60,17 @@ def _bench(args: argparse.Namespace) -> int:
 
     from cloud_gateway import loadgen
 
+    if args.url.split("://", 1)[0] in ("https", "grpcs"):
+        raise EdgeError(f"{args.url}: the load generator speaks plain HTTP and gRPC only")
     token = args.token or _read_token(args.token_file)
     counts = _counts(args.concurrency)
     described = _metadata(args.protocol, args.url, args.model, token)
-    shape = [1, *[max(int(d), 1) for d in described["input_shape"][1:]]]
-    x = np.zeros(shape, np.float32) if args.data is None else _row(args.data, shape)
+    declared = [1, *described["input_shape"][1:]]  # -1: any size
+    if args.data is None:
+        x = np.zeros([max(d, 1) for d in declared], np.float32)
+    else:
+        x = _row(args.data, declared)
+    shape = list(x.shape)
     base = {
         "protocol": args.protocol, "client": args.client, "url": args.url.split("://", 1)[-1],
         "model": args.model, "token": token, "input": described["input"],
@@ -139,13 +145,16 @@ def _counts(text: str) -> list[int]:
 
 
 def _row(path: Path, shape: list[int]) -> Any:
+    """The first row of ``path``, which must fit ``shape`` (a -1 there takes any size)."""
     import numpy as np
 
     try:
         row = np.load(path).astype(np.float32)[:1]
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--data {path}: not a readable .npy ({exc})") from exc
-    if list(row.shape) != shape:
+    if len(row.shape) != len(shape) or any(
+        d not in (-1, r) for d, r in zip(shape, row.shape, strict=False)
+    ):
         raise ConfigError(
             f"--data {path}: a row of shape {list(row.shape)}, the model takes {shape}"
         )
@@ -169,10 +178,21 @@ def _metadata(protocol: str, url: str, model: str, token: str) -> dict[str, Any]
         raise
     except Exception as exc:  # the transport's own errors, each said in one line
         raise EdgeError(f"the metadata of {model!r} from {url}: {_said(exc)}") from exc
-    first, output = document["inputs"][0], document["outputs"][0]
+    inputs, outputs = document.get("inputs") or [], document.get("outputs") or []
+    if len(inputs) != 1 or not outputs:
+        raise EdgeError(
+            f"{model} has {len(inputs)} inputs and {len(outputs)} outputs: "
+            "the load generator sends models of one input and reads their first output"
+        )
+    first, output = inputs[0], outputs[0]
     if first["datatype"] != "FP32":
         raise EdgeError(f"{model}'s input {first['name']} is {first['datatype']}: FP32 only")
-    elements = math.prod(max(int(d), 1) for d in output["shape"][1:])
+    if any(int(d) < 0 for d in output["shape"][1:]):
+        raise EdgeError(
+            f"{model}'s output {output['name']} has a shape of {output['shape']}: its size "
+            "a row must be known to check each answer"
+        )
+    elements = math.prod(int(d) for d in output["shape"][1:])
     return {
         "input": first["name"],
         "input_shape": [int(d) for d in first["shape"]],

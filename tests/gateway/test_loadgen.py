@@ -239,3 +239,14 @@ def test_cloud_gateway_bench_ends_when_no_answer_comes(
     assert code == 1
     out = capsys.readouterr().out
     assert "errors" in out
+
+
+def test_cloud_gateway_bench_refuses_what_it_cannot_load_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A TLS address is refused up front (the clients speak plain HTTP and gRPC)."""
+    from cloud_gateway.cli import main
+
+    args = ["bench", "--url", "https://127.0.0.1:1", "--model", "m", "--token", "t"]
+    assert main(args) == 1
+    assert "plain HTTP and gRPC only" in capsys.readouterr().err
