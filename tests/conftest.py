@@ -30,6 +30,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         services.running(None)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> object:
+    """Say which fixture is set up, for :func:`tests.support.services.need`."""
+    services.setting_up(fixturedef.argname, fixturedef.scope)
+    try:
+        return (yield)
+    finally:
+        services.setting_up(None)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose fixtures needed a service, set up for an earlier test, needs it."""
+    services.check_fixtures(item)
+
+
 # fixtures that start a service: a test that uses one needs it
 FIXTURE_NEEDS = {"postgres": "postgres", "mlserver": "registry"}
 

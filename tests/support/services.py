@@ -4,13 +4,15 @@ Each helper that starts an outside program or reaches the package registry calls
 :func:`need` first; a test that has not declared that service with its marker
 (``@pytest.mark.broker``, or ``pytestmark`` for its module) fails there, naming the
 marker. So ``make test-fast`` (``-m`` without any of them) really needs none of them,
-and the markers stay true as tests change."""
+and the markers stay true as tests change. A module- or session-scoped fixture that
+needs one is remembered (:func:`setting_up`): every later test that uses it, its
+value cached, is checked too (:func:`check_fixtures`)."""
 
 from __future__ import annotations
 
 import pytest
 
-__all__ = ["SERVICES", "need", "running"]
+__all__ = ["SERVICES", "check_fixtures", "need", "running", "setting_up"]
 
 SERVICES = {
     "broker": "a real Mosquitto",
@@ -21,14 +23,39 @@ SERVICES = {
 }
 
 _current: list[pytest.Item] = []
+_fixtures: list[tuple[str, str]] = []  # the fixtures being set up and their scopes
+_needs: dict[str, set[str]] = {}  # a cached fixture -> the services it needed
 
 
 def need(service: str) -> None:
-    """Fail the running test unless it is marked as needing ``service``."""
+    """Fail the running test unless it is marked as needing ``service``; a cached
+    fixture being set up is remembered as needing it."""
     assert service in SERVICES, service
-    if _current and _current[-1].get_closest_marker(service) is None:
+    if _fixtures and _fixtures[-1][1] != "function":  # set up again for each test
+        _needs.setdefault(_fixtures[-1][0], set()).add(service)
+    if _current:
+        _check(_current[-1], service)
+
+
+def check_fixtures(item: pytest.Item) -> None:
+    """Fail ``item`` if a fixture it uses needed a service it is not marked for."""
+    for name in getattr(item, "fixturenames", ()):
+        for service in sorted(_needs.get(name, ())):
+            _check(item, service)
+
+
+def setting_up(name: str | None, scope: str = "function") -> None:
+    """The fixture ``name`` starts being set up (``None``: the innermost one is done)."""
+    if name is None:
+        _fixtures.pop()
+    else:
+        _fixtures.append((name, scope))
+
+
+def _check(item: pytest.Item, service: str) -> None:
+    if item.get_closest_marker(service) is None:
         pytest.fail(
-            f"{_current[-1].nodeid} needs {SERVICES[service]}: mark it "
+            f"{item.nodeid} needs {SERVICES[service]}: mark it "
             f"@pytest.mark.{service} (or its module: pytestmark)",
             pytrace=False,
         )
