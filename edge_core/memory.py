@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,8 @@ def give_back_large_buffers() -> bool:
 
 
 GROWTH_TO_TRIM = 16 * 1024 * 1024  # resident memory grown this much since the last trim
-QUIET_TO_TRIM = 4 * 1024 * 1024  # ... or this much, and not growing since the last look
+QUIET_TO_TRIM = 4 * 1024 * 1024  # above the lowest a trim left: worth a look when quiet
+QUIET_TRIM_EVERY_S = 5.0  # such a look at most this often
 TRIM_INTERVAL_S = 1.0  # how often a server calls HeapTrimmer.check
 
 
@@ -52,25 +54,32 @@ class HeapTrimmer:
     gateway sent one 60 MB request after another kept 50 MB more every few of them,
     none of it in use. :meth:`check` asks glibc's ``malloc_trim`` to give free pages
     back when resident memory has grown by ``growth`` bytes since the last trim left
-    it, or by ``quiet`` bytes and is no longer growing (what a burst of requests held
-    when it was trimmed mid-way is given back when it is over). A trim walks every
-    arena, so it is not done after every request; memory that stays in use moves the
-    mark up with the trim that could not give it back. Where ``/proc`` or
-    ``malloc_trim`` are missing it does nothing."""
+    it; at the first check after that which finds it no longer growing; and, while it
+    is not growing, every ``every_s`` seconds as long as it is ``quiet`` bytes above
+    the lowest any trim left. Freed pages do not lower resident memory until a trim,
+    so a trim in the middle of requests cannot tell what they still hold: the later
+    ones give it back. A trim walks every arena (milliseconds), so it is not done
+    after every request. Where ``/proc`` or ``malloc_trim`` are missing it does
+    nothing."""
 
     def __init__(
         self,
         growth: int = GROWTH_TO_TRIM,
         quiet: int = QUIET_TO_TRIM,
+        every_s: float = QUIET_TRIM_EVERY_S,
         *,
         statm: str = "/proc/self/statm",
         trim: Callable[[], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.growth, self.quiet = growth, quiet
+        self.growth, self.quiet, self.every_s = growth, quiet, every_s
         self.trims = 0
         self._statm = statm
         self._trim = trim if trim is not None else _malloc_trim()
-        self._mark = self._last = self.resident()
+        self._clock = clock
+        self._mark = self._last = self._floor = self.resident()
+        self._trimmed_at = clock()
+        self._follow_up = False  # a trim while growing: one more once it stops
 
     def resident(self) -> int | None:
         """The process's resident memory in bytes (``None`` without ``/proc``)."""
@@ -81,20 +90,28 @@ class HeapTrimmer:
             return None
 
     def check(self) -> bool:
-        """Trim if resident memory grew by ``growth`` since the last trim left it, or by
-        ``quiet`` and not since the last check; whether it did."""
+        """Trim if the rule of the class says so; whether it did."""
         now, last = self.resident(), self._last
         self._last = now
-        if self._trim is None or now is None or self._mark is None or last is None:
+        if self._trim is None or None in (now, last, self._mark, self._floor):
             return False
-        grew = now >= self._mark + self.growth
-        settled = now >= self._mark + self.quiet and now <= last
-        if not (grew or settled):
+        assert now is not None and last is not None
+        assert self._mark is not None and self._floor is not None
+        if now >= self._mark + self.growth:
+            self._follow_up = True
+        elif now > last:  # growing, by less: wait
+            return False
+        elif self._follow_up:
+            self._follow_up = False
+        elif now < self._floor + self.quiet or self._clock() - self._trimmed_at < self.every_s:
             self._mark = min(self._mark, now)
             return False
         self._trim()
         self.trims += 1
+        self._trimmed_at = self._clock()
         self._mark = self._last = self.resident()
+        if self._mark is not None:
+            self._floor = min(self._floor, self._mark)
         return True
 
 

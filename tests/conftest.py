@@ -33,7 +33,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> object:
     """Say which fixture is set up, for :func:`tests.support.services.need`."""
-    services.setting_up(fixturedef.argname, fixturedef.scope)
+    services.setting_up(fixturedef)
     try:
         return (yield)
     finally:

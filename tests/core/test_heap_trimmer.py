@@ -32,21 +32,39 @@ class Process:
         self.set(self.in_use)
 
 
-def trimmer(process: Process, growth: int = 16 * MiB) -> HeapTrimmer:
-    return HeapTrimmer(growth, statm=str(process.statm), trim=process.trim)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_no_trim_while_memory_stays_near_the_mark_or_keeps_growing(tmp_path: Path) -> None:
-    """Within 4 MiB of what the last trim left, or growing by less than 16 MiB a look,
-    nothing is trimmed; once it stops growing, it is."""
-    process = Process(tmp_path, 100 * MiB)
-    heap = trimmer(process)
+def trimmer(process: Process, clock: Clock | None = None) -> HeapTrimmer:
+    return HeapTrimmer(statm=str(process.statm), trim=process.trim, clock=clock or Clock())
+
+
+def test_a_quiet_process_above_its_floor_is_trimmed_every_five_seconds(tmp_path: Path) -> None:
+    """Within 4 MiB of the lowest a trim left, or growing, nothing is trimmed; quiet
+    and above it, a trim at most every 5 s (freed pages show in resident memory only
+    once trimmed, so only a look can tell)."""
+    process, clock = Process(tmp_path, 100 * MiB), Clock()
+    heap = trimmer(process, clock)
     for resident in (102, 103, 101, 110, 115):
         process.set(resident * MiB)
+        clock.now += 0.5
         assert not heap.check()
-    assert heap.trims == 0
-    assert heap.check()  # 115 again: quiet, 15 MiB above the mark
-    assert heap.trims == 1
+    clock.now = 4.9
+    assert not heap.check()  # 115 again, quiet: but not 5 s since the last trim yet
+    clock.now = 5.0
+    assert heap.check()
+    process.set(115 * MiB)  # in use: the trim gave nothing back
+    process.in_use = 115 * MiB
+    clock.now += 1
+    assert not heap.check()
+    clock.now += 5
+    assert heap.check()  # every 5 s while above the floor
+    assert heap.trims == 2
 
 
 def test_growth_is_trimmed_and_once_more_when_it_stops(tmp_path: Path) -> None:
@@ -70,33 +88,36 @@ def test_growth_is_trimmed_and_once_more_when_it_stops(tmp_path: Path) -> None:
 
 
 def test_memory_in_use_moves_the_mark_up(tmp_path: Path) -> None:
-    """Memory that a trim cannot give back (a model loaded) is not trimmed again and
-    again: the mark is what the trim left."""
+    """Memory that a trim cannot give back (a model loaded) is not trimmed at every
+    look: after the growth's trim and its follow-up, only every 5 s."""
     process = Process(tmp_path, 100 * MiB)
     heap = trimmer(process)
     process.in_use = 300 * MiB
     process.set(300 * MiB)
     assert heap.check()
+    assert heap.check()  # the follow-up: nothing more to give back
     for _ in range(5):
-        assert not heap.check()  # quiet, but nothing more than the trim left
-    assert heap.trims == 1
+        assert not heap.check()
+    assert heap.trims == 2
 
 
 def test_what_a_burst_left_is_given_back_though_it_dipped_on_the_way(tmp_path: Path) -> None:
-    """A dip in the middle of a burst is not its end: what is left free when the burst
-    is over is given back at the next quiet check (the review's case: in use 160, 158,
-    170, then 100 MiB while resident memory stayed at 173)."""
-    process = Process(tmp_path, 100 * MiB)
-    heap = trimmer(process)
+    """A dip in the middle of a burst takes the follow-up trim, and what is left free
+    when the burst is over is given back within 5 s all the same (the review's case:
+    in use 160, 158, 170, then 100 MiB while resident memory stayed at 173)."""
+    process, clock = Process(tmp_path, 100 * MiB), Clock()
+    heap = trimmer(process, clock)
     process.in_use = 160 * MiB
     process.set(200 * MiB)
     assert heap.check()  # grown: trimmed to what the requests hold
     process.in_use = 158 * MiB
-    assert not heap.check()  # a dip: 160 MiB still resident, as the trim left it
+    assert heap.check()  # a dip, taken for the end: the follow-up
     process.in_use = 170 * MiB
     process.set(173 * MiB)
     assert not heap.check()  # growing again, by less than 16 MiB
     process.in_use = 100 * MiB  # the burst is over
+    assert not heap.check()
+    clock.now += 5
     assert heap.check()
     assert process.resident() == 100 * MiB
     assert not heap.check()

@@ -10,6 +10,8 @@ value cached, is checked too (:func:`check_fixtures`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 __all__ = ["SERVICES", "check_fixtures", "need", "running", "setting_up"]
@@ -23,33 +25,36 @@ SERVICES = {
 }
 
 _current: list[pytest.Item] = []
-_fixtures: list[tuple[str, str]] = []  # the fixtures being set up and their scopes
-_needs: dict[str, set[str]] = {}  # a cached fixture -> the services it needed
+_fixtures: list[Any] = []  # the fixtures (pytest's FixtureDef) being set up
+_needs: dict[int, set[str]] = {}  # a cached fixture's id -> the services it needed
 
 
 def need(service: str) -> None:
     """Fail the running test unless it is marked as needing ``service``; a cached
     fixture being set up is remembered as needing it."""
     assert service in SERVICES, service
-    if _fixtures and _fixtures[-1][1] != "function":  # set up again for each test
-        _needs.setdefault(_fixtures[-1][0], set()).add(service)
+    if _fixtures and _fixtures[-1].scope != "function":  # set up again for each test
+        _needs.setdefault(id(_fixtures[-1]), set()).add(service)
     if _current:
         _check(_current[-1], service)
 
 
 def check_fixtures(item: pytest.Item) -> None:
-    """Fail ``item`` if a fixture it uses needed a service it is not marked for."""
-    for name in getattr(item, "fixturenames", ()):
-        for service in sorted(_needs.get(name, ())):
+    """Fail ``item`` if a fixture it uses needed a service it is not marked for (the
+    fixture itself, not another of its name in another module)."""
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        for service in sorted(_needs.get(id(definitions[-1]), ())) if definitions else ():
             _check(item, service)
 
 
-def setting_up(name: str | None, scope: str = "function") -> None:
-    """The fixture ``name`` starts being set up (``None``: the innermost one is done)."""
-    if name is None:
+def setting_up(fixture: Any) -> None:
+    """``fixture`` (pytest's FixtureDef) starts being set up (``None``: the innermost
+    one is done)."""
+    if fixture is None:
         _fixtures.pop()
     else:
-        _fixtures.append((name, scope))
+        _fixtures.append(fixture)
 
 
 def _check(item: pytest.Item, service: str) -> None:
