@@ -17,7 +17,7 @@ from .support.gateway import start_gateway
 from .support.paths import MODELS, PROFILES, ROOT
 
 # fixtures that several test modules use, defined beside what they run
-pytest_plugins = ["tests.support.postgres", "tests.support.engines"]
+pytest_plugins = ["tests.support.postgres", "tests.support.engines", "tests.support.ota_world"]
 
 
 @pytest.hookimpl(wrapper=True)

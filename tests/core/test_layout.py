@@ -5,6 +5,7 @@ here."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 
@@ -33,15 +34,21 @@ def the_map() -> dict[str, list[str]]:
     return lines
 
 
-def children(package: str) -> set[str]:
-    """What git tracks directly in ``package``: modules as ``name.py``, folders as
-    ``name/`` (not ``__init__.py``, ``__main__.py`` or data files)."""
+@functools.cache
+def tracked(package: str) -> tuple[str, ...]:
+    """The paths inside ``package`` that git tracks (``package/`` left out)."""
     files = subprocess.run(
         ["git", "ls-files", package], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
+    return tuple(path.split("/", 1)[1] for path in files)
+
+
+def children(package: str) -> set[str]:
+    """What git tracks directly in ``package``: modules as ``name.py``, folders as
+    ``name/`` (not ``__init__.py``, ``__main__.py`` or data files)."""
     found = set()
-    for path in files:
-        parts = path.split("/")[1:]
+    for path in tracked(package):
+        parts = path.split("/")
         if len(parts) > 1:
             found.add(parts[0] + "/")
         elif parts[0].endswith(".py") and parts[0] not in ("__init__.py", "__main__.py"):
@@ -59,12 +66,9 @@ def test_every_module_of_a_package_is_on_the_map(package: str) -> None:
 
 def everything(package: str) -> set[str]:
     """Every module and folder git tracks in ``package``, at any depth, by name."""
-    files = subprocess.run(
-        ["git", "ls-files", package], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
     names = set()
-    for path in files:
-        parts = path.split("/")[1:]
+    for path in tracked(package):
+        parts = path.split("/")
         names.update(part + "/" for part in parts[:-1])
         names.add(parts[-1])
     return names

@@ -19,7 +19,7 @@ import pytest
 
 from cloud_gateway.ota.checks import CheckStore
 from edge_agent.ota.failures import REPORT_EVERY_S, CheckFailures
-from tests.support.ota_world import GROUP, LIGHT_INT8, OtaWorld, make_world
+from tests.support.ota_world import GROUP, LIGHT_INT8, OtaWorld
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_for
 
@@ -84,13 +84,6 @@ def python() -> tuple[list[str], dict[str, str]]:
     if found is None:
         pytest.skip(f"no Python that uid {NOBODY} may run with this checkout")
     return found
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[OtaWorld]:
-    w = make_world(tmp_path)
-    yield w
-    w.stop()
 
 
 @pytest.fixture

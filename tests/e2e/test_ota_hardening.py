@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -36,17 +35,9 @@ from tests.support.ota_world import (
     assert_serves,
     big_package,
     first_install,
-    make_world,
     run_installer,
 )
 from tests.support.packages import with_sparse_member
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[OtaWorld]:
-    w = make_world(tmp_path)
-    yield w
-    w.stop()
 
 
 def still_active(world: OtaWorld, name: str, version: int) -> None:

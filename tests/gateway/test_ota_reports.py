@@ -5,8 +5,6 @@ bounded; a device whose update checks fail says so, and the operator sees it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,14 +16,7 @@ from cloud_gateway.dashboard.web import templates
 from cloud_gateway.ota.rollouts import KEPT_VERSIONS, RolloutStore, in_slice
 from cloud_gateway.ota.service import REPORT_BURST
 from cloud_gateway.state import open_state
-from tests.support.ota_world import GROUP, LIGHT_INT8, OtaWorld, make_world
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[OtaWorld]:
-    w = make_world(tmp_path)
-    yield w
-    w.stop()
+from tests.support.ota_world import GROUP, LIGHT_INT8, OtaWorld
 
 
 def client(world: OtaWorld, device_id: str, group: str = GROUP) -> httpx.Client:

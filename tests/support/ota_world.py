@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from cloud_gateway import GatewayConfig, GatewayThread
 from cloud_gateway.auth import DeviceRegistry
@@ -518,3 +519,11 @@ def run_installer(device: Device, url: str, *options: str) -> subprocess.Complet
     return subprocess.run(
         [*command, *options], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[OtaWorld]:
+    """A world of its own for a test (through ``pytest_plugins``)."""
+    w = make_world(tmp_path)
+    yield w
+    w.stop()
