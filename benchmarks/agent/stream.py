@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 
 from edge_agent.config import StreamSettings
-from edge_agent.preprocess import image_to_tensor
 from edge_agent.profiles.schema import DeviceProfile
 from edge_agent.streams import Stream, open_capture
 from edge_agent.streams.pipeline import STAGES
 from edge_core.errors import EdgeError
+from edge_core.pictures import image_to_tensor
 from edge_core.report import machine_info, render_table
 from edge_core.repository import ModelRepository
 

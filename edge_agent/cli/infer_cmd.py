@@ -99,7 +99,7 @@ def read_input(
                 f"{package.name} does not take images (its manifest has no preprocessing); "
                 "pass a .npy file"
             )
-        from edge_agent.preprocess import picture_to_tensor
+        from edge_core.pictures import picture_to_tensor
 
         pre = package.preprocessing
         tensor, _ = picture_to_tensor(path.read_bytes(), pre, max_pixels=max_pixels)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent import imaging
 from edge_agent.privacy.faces import Face, grey_to_rgb, nms
+from edge_core import imaging
 from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions, Session, open_best
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent import imaging
 from edge_agent.privacy.faces import Face, SecondLook, grey_to_rgb
+from edge_core import imaging
 from edge_core.repository import ModelSource
 from edge_core.runtime import RuntimeOptions, Session, open_best
 

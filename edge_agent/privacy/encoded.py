@@ -3,7 +3,7 @@
 A request can carry a picture as its file's bytes (JPEG, PNG, WebP, BMP, GIF,
 TIFF): a ``BYTES`` element, or a flat ``uint8`` tensor. Such bytes are
 recognised by their signature (:func:`~edge_core.images.image_format`), their
-header read, and decoded (:func:`decode`, through :mod:`edge_agent.imaging`; an
+header read, and decoded (:func:`decode`, through :mod:`edge_core.imaging`; an
 animated or multi-page image, or one that is corrupt or cut short, gives ``None``: it
 cannot be searched; one over the pixel limit is refused), and written again from pixels
 only (:func:`encode`), which drops whatever metadata the file carried (EXIF with its
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent import imaging
+from edge_core import imaging
 from edge_core.errors import InputError
 from edge_core.images import MAX_IMAGE_PIXELS, check_pixels, image_format, probe
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent import imaging
 from edge_agent.policy.rules import REDACTION_MODES as MODES
 from edge_agent.privacy.faces import Face, FaceFinder
+from edge_core import imaging
 
 __all__ = ["MODES", "Redaction", "hidden_area", "hide", "redact_faces"]
 

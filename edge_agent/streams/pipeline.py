@@ -42,13 +42,13 @@ import numpy as np
 
 from edge_agent.agent.stats import LatencyWindow
 from edge_agent.config import StreamSettings
-from edge_agent.preprocess import image_to_tensor
 from edge_agent.results import describe_outputs
 from edge_agent.streams.rules import LatestSlot, key_frame, thumbnail
 from edge_agent.streams.source import Capture, Frame, Source
 from edge_core.errors import EdgeError, InputError
 from edge_core.images import MAX_IMAGE_PIXELS
 from edge_core.package import ModelPackage
+from edge_core.pictures import image_to_tensor
 from edge_core.status import status_of
 
 __all__ = ["Capture", "Frame", "Infer", "Stream", "StreamStats"]

@@ -54,7 +54,7 @@ class Dataset:
 
 
 def _images(folder: Path, pre: ImagePreprocessing | None, inputs: Sequence[TensorSpec]) -> Dataset:
-    from edge_agent.preprocess import decode_image, image_to_tensor
+    from edge_core.pictures import decode_image, image_to_tensor
 
     if pre is None:
         raise DataError(

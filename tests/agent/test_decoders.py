@@ -17,9 +17,9 @@ import pytest
 from skimage import data
 
 from edge_agent.decoders import decoder_for, detections
-from edge_agent.preprocess import image_to_tensor
 from edge_agent.results import describe_outputs, per_row
 from edge_core.package import ModelPackage
+from edge_core.pictures import image_to_tensor
 from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_best
 from edge_core.tensors import TensorSpec

@@ -33,7 +33,7 @@ def attempt(name, call):
     except MissingExtraError as exc:
         out[name] = str(exc)
 
-from edge_agent import imaging
+from edge_core import imaging
 from edge_agent.privacy.faces import Face
 from edge_agent.privacy.redact import Redaction, hide
 from edge_core.images import probe
@@ -78,7 +78,7 @@ def test_without_pillow_a_picture_says_the_install_is_broken() -> None:
 import sys
 sys.modules["PIL"] = None
 sys.path.insert(0, {str(ROOT)!r})
-from edge_agent.preprocess import decode_image
+from edge_core.pictures import decode_image
 from edge_core.errors import MissingExtraError
 try:
     decode_image(b"\\xff\\xd8\\xff\\xc0\\x00\\x11\\x08\\x00\\x10\\x00\\x10\\x03" + bytes(64))

@@ -15,7 +15,6 @@ import cv2
 import numpy as np
 import pytest
 
-from edge_agent.preprocess import decode_image, picture_to_tensor
 from edge_agent.privacy import PrivacyInspector
 from edge_agent.privacy.encoded import decode
 from edge_agent.privacy.faces import Face
@@ -24,6 +23,7 @@ from edge_agent.privacy.video import redact_video
 from edge_core.errors import InputError, PackageError
 from edge_core.manifest import load_package
 from edge_core.package import INPUT_PIXELS, ImagePreprocessing
+from edge_core.pictures import decode_image, picture_to_tensor
 from edge_core.repository import ModelRepository
 from edge_core.tensors import TensorSpec, check_rows
 from tests.support.paths import MODELS, ROOT

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edge_agent.preprocess import image_to_tensor
+from edge_core.pictures import image_to_tensor
 from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_variant
 from tests.support.paths import MODELS

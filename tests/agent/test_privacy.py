@@ -9,12 +9,13 @@ from skimage import data
 
 from edge_agent.offload import ExitGuard
 from edge_agent.policy import PolicyRules
-from edge_agent.preprocess import image_to_tensor, tensor_to_image
+from edge_agent.preprocess import tensor_to_image
 from edge_agent.privacy import FaceFinder, PrivacyInspector, find_pii, mask_pii
 from edge_agent.privacy.blazeface import FULL_RANGE, SHORT_RANGE, BlazeFace, anchors
 from edge_agent.privacy.faces import Face, nms
 from edge_agent.privacy.redact import redact_faces
 from edge_core.errors import PrivacyRefusal
+from edge_core.pictures import image_to_tensor
 from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
 

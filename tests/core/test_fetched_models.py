@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.preprocess import decode_image, image_to_tensor
+from edge_core.pictures import decode_image, image_to_tensor
 from edge_core.repository import ModelRepository
 from edge_core.runtime import RuntimeOptions, open_best, open_variant
 from tests.support.paths import ROOT

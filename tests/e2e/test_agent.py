@@ -16,12 +16,13 @@ from cloud_gateway import GatewayConfig, GatewayThread
 from edge_agent.agent import DEFAULT_POLICY, Agent
 from edge_agent.offload import CircuitBreaker, ExitGuard, OffloadClient, make_transport
 from edge_agent.policy import Action, load_policy
-from edge_agent.preprocess import image_to_tensor, tensor_to_image
+from edge_agent.preprocess import tensor_to_image
 from edge_agent.privacy import FaceFinder, PrivacyInspector
 from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_core.errors import InputError, OffloadError, PolicyRejected, PrivacyRefusal
 from edge_core.package import ModelPackage
+from edge_core.pictures import image_to_tensor
 from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
 from tests.support.backends import RecordingBackend

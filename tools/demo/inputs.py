@@ -33,7 +33,7 @@ def choose_inputs(repository: ModelRepository) -> Inputs:
     right when there is one), by their INT8 ONNX variants."""
     from skimage import data
 
-    from edge_agent.preprocess import decode_image, image_to_tensor
+    from edge_core.pictures import decode_image, image_to_tensor
     from edge_core.runtime import RuntimeOptions, open_best
 
     light, heavy = repository.get("digits-light"), repository.get("digits-heavy")

@@ -1,4 +1,4 @@
-"""The pictures module (edge_agent/imaging.py): each operation against pixels worked out
+"""The pictures module (edge_core/imaging.py): each operation against pixels worked out
 by hand, then against OpenCV (which did this work before, and still reads videos) on
 scikit-image's astronaut, within the tolerances stated here."""
 
@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 from skimage import data
 
-from edge_agent import imaging
 from edge_agent.privacy.encoded import carries_metadata
+from edge_core import imaging
 from edge_core.errors import InputError
 from edge_core.images import probe
 from tests.support.paths import ROOT
@@ -113,7 +113,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from PIL import Image
 Image.MAX_IMAGE_PIXELS = 1000  # a ceiling of 1,000: refuses past 2,000 pixels
 warnings.simplefilter("error")
-from edge_agent import imaging
+from edge_core import imaging
 from edge_core.images import probe
 sizes = []
 for fmt in ("PNG", "TIFF", "GIF", "JPEG"):

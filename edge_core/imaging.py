@@ -4,7 +4,7 @@ Every picture the agent reads or writes passes here: the image files of requests
 (:mod:`edge_agent.preprocess`, :mod:`edge_agent.privacy.encoded`), the face detectors'
 resizes, redaction. They run on Pillow, imported on first use, and NumPy, so a device
 that takes pictures needs Pillow and not OpenCV, several times its size on disk, which
-only video and streams need (:mod:`edge_agent.extras`).
+only video and streams need (the agent's ``video`` extra).
 
 - :func:`decode` is handed a file whose header :func:`edge_core.images.probe` read and
   :func:`~edge_core.images.check_pixels` held to the caller's limit: that check is the
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_agent.extras import require
 from edge_core.errors import InputError
+from edge_core.extras import require
 from edge_core.images import ImageHeader
 
 if TYPE_CHECKING:
@@ -151,10 +151,13 @@ def _image(pixels: Array) -> PILImage.Image:
     return image
 
 
-def encode(rgb: Array, fmt: str) -> bytes:
+def encode(rgb: Array, fmt: str, quality: int | None = None) -> bytes:
     """``rgb`` (``H x W x 3``) written as a file of format ``fmt`` (PNG for GIF, TIFF and
-    any other), its pixels only."""
+    any other), its pixels only; ``quality`` (1-100): a JPEG's, or a lossy WebP's
+    (``None``: JPEG at 95, WebP lossless; PNG is always lossless)."""
     name, options = _WRITERS.get(fmt, _WRITERS["png"])
+    if quality is not None and name in ("JPEG", "WEBP"):
+        options = {"quality": quality}
     buffer = io.BytesIO()
     _image(rgb).save(buffer, format=name, **options)
     return buffer.getvalue()
