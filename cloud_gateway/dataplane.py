@@ -23,11 +23,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
 
-from cloud_gateway import cpus
+from cloud_gateway import cpus, pictures
 from cloud_gateway.auth import Device
 from cloud_gateway.batching import BatchSlots, DynamicBatcher
 from cloud_gateway.config import GatewayConfig
@@ -37,6 +38,7 @@ from cloud_gateway.repository import LoadedModel, ServingRepository
 from edge_core import __version__
 from edge_core.errors import BadRequest, DeadlineExceeded, EngineError
 from edge_core.names import check_model_name, is_model_name, parse_version
+from edge_core.protocol import packed
 from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
 from edge_core.status import status_of
 from edge_core.tensors import check_rows, format_shape
@@ -47,7 +49,17 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "edge-inference-gateway"
 SERVER_VERSION = __version__
-EXTENSIONS = ["binary_tensor_data", "model_repository", "schedule_policy"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_repository",
+    "schedule_policy",
+    pictures.EXTENSION,
+    packed.EXTENSION,
+]
+# A request with this parameter (true) is told the time it spent here, in microseconds,
+# as the response's ``edge_server_us``: a device tells its link's share of a round trip.
+SERVER_TIME = "edge_server_time"
+SERVER_US = "edge_server_us"
 # A call ended this close to its deadline is counted as past it. gRPC's own timer ends
 # a call at about the deadline computed from it here, but a client's timer starts
 # before its request is sent: its cancel arrives ahead of the deadline seen here by
@@ -220,6 +232,14 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
+    def repository_index(self, *, admin: bool) -> list[dict[str, Any]]:
+        """The repository's index; for a device (not ``admin``), without the reasons a
+        version is unavailable (an operator's business: paths, an engine's address)."""
+        index = self.repository.index()
+        if admin:
+            return index
+        return [{k: v for k, v in entry.items() if k != "reason"} for entry in index]
+
     def _model(self, name: str, version: str) -> LoadedModel:
         """The loaded model a request names; the name and the version are checked
         before anything is looked up with them.
@@ -338,6 +358,7 @@ class DataPlane:
         try:
             model = self._model(request.model_name, request.model_version)
             model_label = model.package.name
+            request = await self._unwire(model, request)
             feed = self._feed(model, request)
             wanted = None if request.outputs is None else self._wanted(model, request)
             deadline = self._deadline(request, deadline, started)
@@ -350,9 +371,9 @@ class DataPlane:
                 raw = self._relayable(answer, model, request)
             else:
                 outputs = await self._run(model, feed, deadline)
-            if wanted is not None and list(outputs) != wanted:
-                outputs = {name: outputs[name] for name in wanted}
-                raw = None
+            if (wanted is not None and list(outputs) != wanted) or _asks_form(request):
+                outputs = {name: outputs[name] for name in wanted or outputs}
+                raw = None  # an answer in a form the device asked for is written here
             response = InferResponse(
                 model_name=model.package.name,
                 model_version=str(model.package.version),
@@ -360,6 +381,7 @@ class DataPlane:
                 id=request.id,
                 raw=raw,
             )
+            self._wire(request, response, started)
         except asyncio.CancelledError:
             self._count_cancelled(model_label or self.label(request.model_name), protocol, deadline)
             raise
@@ -373,6 +395,41 @@ class DataPlane:
             self._clock() - started
         )
         return response
+
+    async def _unwire(self, model: LoadedModel, request: InferRequest) -> InferRequest:
+        """The request as its model takes it: packed tensors unpacked (within the body
+        limit), image files for a picture input made its tensor as the manifest says.
+
+        Raises:
+            InputError, PayloadTooLarge: a packed tensor or a picture is malformed or too
+                large.
+        """
+        descriptor = request.parameters.get(packed.PARAMETER)
+        if descriptor is not None:
+            inputs, datatypes = packed.unpack(
+                request.inputs,
+                request.datatypes,
+                descriptor,
+                max_bytes=self.config.max_body_bytes,
+            )
+            request = replace(request, inputs=inputs, datatypes=datatypes, raw=None)
+        spec = pictures.picture_spec(model.package, model.inputs, request)
+        if spec is not None:
+            rows = self.config.batching_for(model.package.name).max_batch_size
+            request = await pictures.decode_pictures(model.package, spec, request, rows)
+        return request
+
+    def _wire(self, request: InferRequest, response: InferResponse, started: float) -> None:
+        """What a device asked of the answer's form: its outputs packed (``edge_compress``),
+        the time the request spent here (``edge_server_time``, in microseconds)."""
+        asked = request.parameters
+        if asked.get(packed.ASK) is True:
+            outputs, _, descriptor = packed.pack(response.outputs)
+            if descriptor is not None:
+                response.outputs = outputs
+                response.parameters[packed.PARAMETER] = descriptor
+        if asked.get(SERVER_TIME) is True:
+            response.parameters[SERVER_US] = int((self._clock() - started) * 1e6)
 
     @staticmethod
     def _wanted(model: LoadedModel, request: InferRequest) -> list[str]:
@@ -476,3 +533,10 @@ class DataPlane:
             next(iter(feed.values())).shape[0] if feed else 1
         )
         return outputs
+
+
+def _asks_form(request: InferRequest) -> bool:
+    """Whether a device asked for its answer in a form of this gateway's own (packed
+    outputs, the time spent here), which an engine's answer relayed as it is lacks."""
+    parameters = request.parameters
+    return parameters.get(packed.ASK) is True or parameters.get(SERVER_TIME) is True

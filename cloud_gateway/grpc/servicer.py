@@ -119,7 +119,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
-            self._device(context, admin=True)
+            device = self._device(context)
             return pb.RepositoryIndexResponse(
                 models=[
                     pb.RepositoryIndexResponse.ModelIndex(
@@ -128,7 +128,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                         state=m["state"],
                         reason=m.get("reason", ""),
                     )
-                    for m in self.plane.repository.index()
+                    for m in self.plane.repository_index(admin=device.role == "admin")
                 ]
             )
 

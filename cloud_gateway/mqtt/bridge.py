@@ -44,7 +44,7 @@ from typing import Any
 from cloud_gateway.access import Access
 from cloud_gateway.auth import parse_bearer
 from cloud_gateway.config import MqttBridgeSettings
-from cloud_gateway.dataplane import DataPlane
+from cloud_gateway.dataplane import EXTENSIONS, DataPlane
 from cloud_gateway.fleet.ingest import TelemetryIngest
 from cloud_gateway.mqtt.broker import shared_requests, shared_telemetry
 from cloud_gateway.ota.service import OtaService
@@ -215,7 +215,7 @@ class MqttBridge:
                 deadline=deadline,
                 request_id=user.get("x-request-id"),
             )
-            answer = encode_response(response, request)
+            answer = encode_response(response, request, extensions=EXTENSIONS)
         except Exception as exc:
             answer = self._error(exc)
         self._reply(reply_to, correlation, answer)

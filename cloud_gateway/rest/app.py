@@ -248,12 +248,13 @@ def _add_infer_routes(app: FastAPI, plane: DataPlane, access: Access) -> None:
 
 
 def _add_repository_routes(app: FastAPI, plane: DataPlane, access: Access) -> None:
-    """The model repository's index, load and unload: admin tokens only."""
+    """The model repository's index (any device: what the cloud can answer; an admin
+    also sees why a version is unavailable), load and unload (admin tokens only)."""
 
     @app.post("/v2/repository/index", summary="Repository index")
     async def repository_index(request: Request) -> JSONResponse:
-        _authenticate(access, request, admin=True)
-        return JSONResponse(plane.repository.index())
+        device = _authenticate(access, request)
+        return JSONResponse(plane.repository_index(admin=device.role == "admin"))
 
     @app.post("/v2/repository/models/{name}/load", summary="Load a model")
     async def repository_load(request: Request, name: str) -> Response:

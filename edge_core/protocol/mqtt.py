@@ -16,12 +16,14 @@ correlation data, and user properties for the header's length, the model
 version and the device's bearer token (the gateway authenticates it as it
 does every request). A response uses the same form; an error is a JSON body
 ``{"error": ..., "status": <http status>}`` with the user property
-``status``.
+``status``; an answer names the server's protocol extensions (user property
+``extensions``, comma-separated).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,7 @@ from edge_core.protocol.rest import (
 from edge_core.protocol.types import InferRequest, InferResponse, parse_length
 
 __all__ = [
+    "EXTENSIONS_PROPERTY",
     "REQUEST_FILTER",
     "MqttMessage",
     "announcement_topic",
@@ -54,6 +57,7 @@ __all__ = [
 
 REQUEST_FILTER = "offload/+/infer"
 HEADER_PROPERTY = "inference-header-content-length"
+EXTENSIONS_PROPERTY = "extensions"
 
 
 def request_topic(model: str) -> str:
@@ -127,9 +131,15 @@ def decode_request(topic: str, payload: bytes, properties: dict[str, str]) -> In
     return request
 
 
-def encode_response(response: InferResponse, request: InferRequest) -> MqttMessage:
+def encode_response(
+    response: InferResponse, request: InferRequest, *, extensions: Sequence[str] = ()
+) -> MqttMessage:
+    """An answer; ``extensions``: the server's protocol extensions, which a device over
+    MQTT (where it cannot ask for the server's metadata) learns from its answers."""
     body, header_length = encode_infer_response(response, request)
     properties = {"status": "200"}
+    if extensions:
+        properties[EXTENSIONS_PROPERTY] = ",".join(extensions)
     if header_length is not None:
         properties[HEADER_PROPERTY] = str(header_length)
     return MqttMessage(body, properties)

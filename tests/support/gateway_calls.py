@@ -69,6 +69,14 @@ def grpc_infer(handle: GatewayHandle, model: str, x: np.ndarray, **kwargs: Any) 
     )
 
 
+def ocr_repository(tmp_path: Path, fetched: ModelRepository) -> Path:
+    """PP-OCR's text detector (fetched) and the light digits model; not the heavy one."""
+    repository = tmp_path / "repo"
+    shutil.copytree(fetched.root / "ppocr-det", repository / "ppocr-det")
+    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
+    return repository
+
+
 def small_repository(tmp_path: Path) -> Path:
     repository = tmp_path / "repo"
     shutil.copytree(MODELS / "digits-light", repository / "digits-light")
