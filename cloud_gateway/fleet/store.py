@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 MAX_ACTIONS = 10_000  # the audit log keeps this many, the newest
 MAX_REPORTS = 100  # a device's reports shown on its page
-_JSON_COLUMNS = ("models", "temperatures", "decisions", "latency")
+_JSON_COLUMNS = ("models", "temperatures", "decisions", "latency", "link")
 # what a database says of a row it cannot hold (a value out of its column's range or
 # length); SQLite's driver raises OverflowError for an integer past 64 bits itself
 _ROW_ERRORS = (sa.exc.DataError, sa.exc.IntegrityError, OverflowError)

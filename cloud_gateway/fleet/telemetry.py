@@ -46,6 +46,7 @@ TEMPERATURE_C = (-100.0, 300.0)
 CPU_LOAD = (0.0, 1e4)
 INTERVAL_S = (0.1, 86400.0 * 7)
 LATENCY_MS = (0.0, 1e7)
+BANDWIDTH = (0.0, 1e6)  # Mbit/s
 
 
 def decode(payload: bytes) -> dict[str, Any]:
@@ -122,6 +123,7 @@ def _status(document: dict[str, Any]) -> dict[str, Any]:
     queue = _map(document.get("queue"), "queue")
     offload = _map(document.get("offload"), "offload")
     refusals = _map(offload.get("guard_refusals"), "offload.guard_refusals")
+    link = _map(offload.get("link"), "offload.link")
     return {
         "profile": _text(document.get("profile"), "profile"),
         "power_mode": _text(document.get("power_mode"), "power_mode", 64),
@@ -134,6 +136,16 @@ def _status(document: dict[str, Any]) -> dict[str, Any]:
         "breaker": _text(offload.get("breaker"), "offload.breaker", 16) or None,
         "guard_refusals": _column_count(
             sum(_count(v, "a refusal count") or 0 for v in refusals.values())
+        ),
+        "link": _json(
+            {
+                "bytes_sent": _count(link.get("bytes_sent"), "offload.link.bytes_sent"),
+                "bytes_received": _count(link.get("bytes_received"), "offload.link.bytes_received"),
+                "rtt_ms": _number(link.get("rtt_ms"), "offload.link.rtt_ms", *LATENCY_MS),
+                "bandwidth_mbit_s": _number(
+                    link.get("bandwidth_mbit_s"), "offload.link.bandwidth_mbit_s", *BANDWIDTH
+                ),
+            }
         ),
         "queue_waiting": _column_count(_count(queue.get("waiting"), "queue.waiting")),
         "queue_dropped": _column_count(_count(queue.get("dropped"), "queue.dropped")),
@@ -198,7 +210,11 @@ def body_schema() -> dict[str, Any]:
             "queue": {"type": "object", "properties": {"waiting": count, "dropped": count}},
             "offload": {"type": "object", "properties": {
                 "breaker": {"type": "string"},
-                "guard_refusals": {"type": "object", "additionalProperties": count}}},
+                "guard_refusals": {"type": "object", "additionalProperties": count},
+                "link": {"type": "object", "properties": {
+                    "bytes_sent": count, "bytes_received": count,
+                    "rtt_ms": _range("number", *LATENCY_MS),
+                    "bandwidth_mbit_s": _range("number", *BANDWIDTH)}}}},
             "interval_s": _range("number", *INTERVAL_S),
         },
         "decisions": {

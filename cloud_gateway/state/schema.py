@@ -135,6 +135,8 @@ device_status = sa.Table(
     sa.Column("cpu_load", sa.Double, nullable=True),
     sa.Column("breaker", sa.String(16), nullable=True),
     sa.Column("guard_refusals", sa.Integer, nullable=True),
+    # {bytes_sent, bytes_received, rtt_ms, bandwidth_mbit_s} of the offload link (0004)
+    sa.Column("link", sa.Text, nullable=True),
     sa.Column("queue_waiting", sa.Integer, nullable=True),
     sa.Column("queue_dropped", sa.Integer, nullable=True),
     sa.Column("decisions", sa.Text, nullable=True),  # {action: count since the agent started}

@@ -180,7 +180,8 @@ def test_every_document_the_checks_take_fits_both_databases(state_url: str) -> N
     store = FleetStore(database)
     try:
         status = {"profile": "p\x00" * 300, "power_mode": "m" * 1000, "interval_s": 60,
-                  "offload": {"breaker": "b" * 100, "guard_refusals": {"a": 2**53, "b": 2**53}},
+                  "offload": {"breaker": "b" * 100, "guard_refusals": {"a": 2**53, "b": 2**53},
+                              "link": {"bytes_sent": 2**53, "rtt_ms": 1e7}},
                   "queue": {"waiting": 2**53, "dropped": 2**40}, "seq": 2**63 - 1}  # fmt: skip
         decisions = {"decisions": [{"action": "LOCAL", "count": 2**53}], "degraded": 2**53}
         samples = [sample("cam-1", "status", NOW, status),
@@ -191,6 +192,7 @@ def test_every_document_the_checks_take_fits_both_databases(state_url: str) -> N
         assert len(kept["power_mode"]) == 64 and "\x00" not in kept["profile"]
         assert kept["queue_waiting"] == kept["guard_refusals"] == kept["degraded"] == 2**31 - 1
         assert kept["decisions"] == {"LOCAL": 2**53}
+        assert kept["link"]["bytes_sent"] == 2**53  # JSON text: no column's bound
     finally:
         database.close()
 
@@ -518,6 +520,26 @@ def test_device_values_are_escaped_on_every_page(gateway: GatewayHandle) -> None
     # the live part alone, as htmx asks for it
     part = client.get("/ui/fleet", headers={"hx-request": "true"}).text
     assert part.startswith('<section id="fleet-live"') and "&lt;script&gt;" in part
+
+
+def test_a_devices_page_shows_what_its_offload_link_carried(gateway: GatewayHandle) -> None:
+    url = f"http://{gateway.http_url}"
+    link = {"bytes_sent": 3 * 2**20, "bytes_received": 200 * 2**10, "rtt_ms": 41.5,
+            "bandwidth_mbit_s": 9.4}  # fmt: skip
+    document = {"status": {"interval_s": 60, "offload": {"breaker": "closed", "link": link}}}
+    sent = httpx.post(f"{url}/v2/telemetry", json=document, headers=gateway.headers())
+    assert sent.status_code == 200
+    client = signed_in(gateway)
+    expected = (
+        '<dd id="device-link">3.0 MB sent, 200.0 KB received; round trip ~41.5 ms, ~9.4 Mbit/s'
+    )
+    end = time.monotonic() + 10
+    while expected not in client.get("/ui/devices/cam-01").text:
+        assert time.monotonic() < end, "the telemetry never reached the page"
+        time.sleep(0.2)
+    bad = {"status": {"offload": {"link": {"bandwidth_mbit_s": -1}}}}
+    refused = httpx.post(f"{url}/v2/telemetry", json=bad, headers=gateway.headers())
+    assert refused.status_code == 400 and "bandwidth_mbit_s" in refused.json()["error"]
 
 
 def test_the_vendored_htmx_is_the_pinned_release() -> None:

@@ -177,7 +177,7 @@ def test_the_command_line_works_against_the_state_url(
 ) -> None:
     upgraded = cli(state_url, "--state-dir", str(tmp_path), "db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr
-    assert "schema at revision 0003" in upgraded.stdout
+    assert "schema at revision 0004" in upgraded.stdout
     assert "secret" not in upgraded.stdout
     added = cli(state_url, "--state-dir", str(tmp_path), "device", "add", "cam-3", "--group", "g")
     assert added.returncode == 0, added.stderr
