@@ -15,7 +15,9 @@ __all__ = ["agent_reports", "offload_report"]
 
 def offload_report(agent: Agent) -> dict[str, Any] | None:
     """The state of an agent's offload link (``None`` without one): the breaker's
-    state and how often it opened, the exit guard's refusals by reason, and (for
+    state and how often it opened, the exit guard's refusals by reason, the link's
+    round trip and bandwidth as estimated and the bytes it carried (in all, and per
+    model with the offloads answered), how many models the cloud lists, and (for
     transports that count them) responses that matched no request."""
     offload = agent.offload
     if offload is None:
@@ -26,6 +28,16 @@ def offload_report(agent: Agent) -> dict[str, Any] | None:
         "breaker_opened": offload.breaker.opened,
         "guard_refusals": dict(offload.guard.refusals),
     }
+    link = offload.costs.link.estimate(0)
+    report["link"] = {
+        "rtt_ms": None if link is None else round(link.rtt_ms, 3),
+        "bandwidth_mbit_s": None if link is None else link.to_dict()["bandwidth_mbit_s"],
+        "bytes_sent": offload.costs.sent,
+        "bytes_received": offload.costs.received,
+    }
+    report["traffic"] = offload.traffic_report()
+    index = offload.catalog.index()
+    report["cloud_models"] = None if index is None else len(index)
     unmatched = getattr(offload.transport, "unmatched", None)
     if isinstance(unmatched, int):
         report["unmatched_responses"] = unmatched

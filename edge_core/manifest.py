@@ -80,6 +80,8 @@ def _preprocessing(fields: Fields, inputs: tuple[TensorSpec, ...]) -> ImagePrepr
         layout=fields.string("layout", "NHWC", choices=["NHWC", "NCHW", "NF"]),
         fit=fields.string("fit", "none", choices=["none", "box"]),
         max_pixels=fields.integer("max_pixels", None, minimum=1),
+        lossless=fields.boolean("lossless", False),
+        min_quality=fields.integer("min_quality", None, minimum=1, maximum=100),
     )
     fields.done()
     return pre

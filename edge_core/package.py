@@ -186,6 +186,12 @@ class ImagePreprocessing:
     down to fit, keeping its aspect, and a larger input tensor is refused
     (:meth:`check_input`), since such a model's memory grows with its input's
     pixels (about 180 MB a megapixel for CenterFace and PP-OCR's detector).
+
+    When a picture is offloaded, it leaves encoded (JPEG or WebP at the policy's
+    quality) unless the model needs every pixel as it was (``lossless``: PNG); to meet
+    a deadline over a slow link its quality may step down to ``min_quality``, the
+    lowest at which the model's answers still agree with its tensor's (``None``: never
+    below the policy's).
     """
 
     input: str
@@ -199,6 +205,8 @@ class ImagePreprocessing:
     layout: str = "NHWC"
     fit: str = "none"
     max_pixels: int | None = None
+    lossless: bool = False
+    min_quality: int | None = None
 
     @property
     def input_pixels(self) -> int:
@@ -262,6 +270,10 @@ class ImagePreprocessing:
             out["fit"] = self.fit
         if self.max_pixels is not None:
             out["max_pixels"] = self.max_pixels
+        if self.lossless:
+            out["lossless"] = True
+        if self.min_quality is not None:
+            out["min_quality"] = self.min_quality
         return out
 
 

@@ -112,6 +112,10 @@ margin_ms = 2.0
 
 [redaction]
 mode = "pixelate"
+
+[pictures]
+format = "jpeg"
+quality = 90
 """
 
 AGENT_EXAMPLE = """\

@@ -24,7 +24,7 @@ from edge_agent.agent.models import LocalModel, LocalModels, Timing
 from edge_agent.agent.result import AgentResult, Request, as_arrays
 from edge_agent.agent.sources import ModelSource
 from edge_agent.agent.stats import AgentStats
-from edge_agent.offload.client import OffloadClient
+from edge_agent.offload.client import OffloadClient, fitted
 from edge_agent.policy import LABELS, Action, Decision, PolicyRules, Reason, decide
 from edge_agent.privacy import Findings, PrivacyInspector, Redacted, Redaction
 from edge_agent.profiles.schema import DeviceProfile
@@ -43,8 +43,8 @@ from edge_core.errors import (
 from edge_core.images import MAX_IMAGE_PIXELS
 from edge_core.names import check_model_name
 from edge_core.package import ModelPackage
-from edge_core.protocol.types import InferRequest
-from edge_core.tensors import check_rows, convert_input, datatype_of
+from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.tensors import check_rows, datatype_of
 
 __all__ = ["DEFAULT_POLICY", "Agent"]
 
@@ -53,6 +53,11 @@ DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policy" / "default.to
 log = logging.getLogger(__name__)
 
 Array = np.ndarray[Any, Any]
+
+# a refusal because the cloud cannot answer: the fallback's tiers may still
+_CLOUD_CANNOT = frozenset(
+    {Reason.CLOUD_UNREACHABLE, Reason.NOT_IN_CLOUD, Reason.DEADLINE_REMOTE_TOO_SLOW}
+)
 
 
 class Agent:
@@ -86,7 +91,9 @@ class Agent:
         self.models = LocalModels(profile, repository, clock=clock)
         self.stats = AgentStats()
         self.cache = ResultCache(cache_entries)
-        self.facts = FactSheet(self.models, offload, online=online, clock=clock)
+        self.facts = FactSheet(
+            self.models, offload, rules=lambda: self.rules, online=online, clock=clock
+        )
         self.fallback = Fallback(
             self.models, rules, self.cache, count=self.stats.decided, clock=clock
         )
@@ -162,7 +169,7 @@ class Agent:
         return (
             model in self.rules.models
             or self.models.package(model) is not None
-            or self.facts.remote_ms(model) is not None
+            or (self.offload is not None and self.offload.costs.knows(model))
         )
 
     def backend_of(self, model: str) -> str | None:
@@ -189,7 +196,8 @@ class Agent:
             BadRequest: the model name breaks the naming rule.
             InputError: the inputs do not fit the model (an empty batch is refused
                 before anything runs), or the label is unknown.
-            ModelNotFoundError: the device has the model, but not ``version``.
+            ModelNotFoundError: the device has the model, but not ``version``; or neither
+                the device nor the cloud has it.
             PolicyRejected: the policy refuses it (the decision says why).
             PrivacyRefusal: the exit guard refused to let the data leave.
             DeadlineExceeded: the deadline passed before the model could run.
@@ -234,17 +242,24 @@ class Agent:
         findings = self.inspector.inspect(
             request.arrays, package.preprocessing if package else None
         )
-        facts = self.facts.of(model, label, findings, request.deadline, request.state)
+        arrays = request.arrays
+        facts = self.facts.of(model, label, findings, request.deadline, request.state, None, arrays)
         decision = decide(facts, self.rules)
+        confidence = None
         if decision.action == Action.LOCAL and decision.escalate_to is not None:
             local = self.models.get(model, request.timing)
-            confidence = _confidence(self.models.run(local, request.arrays))
+            confidence = _confidence(self.models.run(local, arrays))
             facts = self.facts.of(
-                model, label, findings, request.deadline, request.state, confidence
+                model, label, findings, request.deadline, request.state, confidence, arrays
             )
             second = decide(facts, self.rules)
             details = {"local_confidence": round(confidence, 4), "first": decision.to_dict()}
             decision = replace(second, details={**second.details, **details})
+        estimate = self.facts.cloud_estimate(self.facts.cloud_model(model, confidence), arrays)
+        if estimate is not None:
+            decision = replace(
+                decision, details={**decision.details, "cloud_estimate": estimate.to_dict()}
+            )
         return decision, findings
 
     def redact(self, inputs: Mapping[str, Any], redaction: Redaction | None = None) -> Redacted:
@@ -305,32 +320,40 @@ class Agent:
         self, request: Request, confidence: float | None = None
     ) -> tuple[Decision, Findings]:
         """Decide without looking into the data; if the data would leave, look, decide again."""
+
+        def decided(findings: Findings) -> Decision:
+            facts = self.facts.of(
+                request.model,
+                request.label,
+                findings,
+                request.deadline,
+                request.state,
+                confidence,
+                request.arrays,
+            )
+            return decide(facts, self.rules)
+
         findings = Findings()
-        facts = self.facts.of(
-            request.model, request.label, findings, request.deadline, request.state, confidence
-        )
-        decision = decide(facts, self.rules)
+        decision = decided(findings)
         if decision.leaves_device:
             package = self.models.package(decision.model) or self.models.package(request.model)
             findings = self.inspector.inspect(
                 request.arrays, package.preprocessing if package else None
             )
             if findings.kinds:
-                facts = self.facts.of(
-                    request.model,
-                    request.label,
-                    findings,
-                    request.deadline,
-                    request.state,
-                    confidence,
-                )
-                decision = decide(facts, self.rules)
+                decision = decided(findings)
         return decision, findings
 
     def _refuse(self, request: Request, decision: Decision, findings: Findings) -> AgentResult:
-        """REJECT: refused, unless the cloud was wanted and only unreachable, when a
-        local stand-in answers as it would for a failed offload."""
-        if decision.reason == Reason.CLOUD_UNREACHABLE:
+        """REJECT: refused, unless the cloud was wanted and cannot answer (unreachable,
+        lacking the model, too slow for the deadline), when the fallback's tiers answer as
+        they would for a failed offload. A model neither here nor in the cloud is not
+        found (a 404, as the gateway would have answered).
+
+        Raises:
+            PolicyRejected, ModelNotFoundError: see :meth:`infer`.
+        """
+        if decision.reason in _CLOUD_CANNOT:
             try:
                 return self.fallback.answer(
                     request,
@@ -341,6 +364,8 @@ class Agent:
                 )
             except OffloadError:
                 pass
+        if decision.reason == Reason.NOT_IN_CLOUD and self.models.package(request.model) is None:
+            raise ModelNotFoundError(f"unknown model {request.model!r}: {decision.message}")
         raise PolicyRejected(f"{decision.reason}: {decision.message}", decision=decision)
 
     def _run_here(self, request: Request, decision: Decision, findings: Findings) -> AgentResult:
@@ -379,60 +404,60 @@ class Agent:
         self._check_deadline(request)
         try:
             reserve = self.fallback.reserve_s(request.model, request.version, request.timing)
-            outputs = self._offload(request, decision, findings, request.deadline - reserve)
+            answer = self._offload(request, decision, findings, request.deadline - reserve)
         except PrivacyRefusal:
             raise
         except OffloadError as exc:
             return self.fallback.answer(request, decision, exc, findings)
-        return self._cloud_answer(request, decision, outputs, findings)
+        return self._cloud_answer(request, decision, answer, findings)
 
     def _offload(
         self, request: Request, decision: Decision, findings: Findings, deadline: float
-    ) -> dict[str, Array]:
-        """Send it to the cloud (a redacted copy when the decision says so)."""
+    ) -> InferResponse:
+        """Send it to the cloud (a redacted copy when the decision says so), checked
+        against the model's inputs first: nothing malformed leaves.
+
+        Raises:
+            InputError: the inputs do not fit the cloud's model.
+            PrivacyRefusal, OffloadError: see :meth:`OffloadClient.infer`.
+        """
         if self.offload is None:
             raise OffloadError("no gateway is configured")
         if self._clock() >= deadline:
             raise OffloadTimeout("no time left for the cloud before the deadline")
-        arrays = request.arrays
-        redacted = decision.action == Action.OFFLOAD_REDACTED
-        if redacted:
-            package = self.models.package(decision.model)
-            arrays, after = self.inspector.redact(
-                arrays, findings, package.preprocessing if package else None
-            )
-            if after.kinds:
-                raise PrivacyRefusal(
-                    f"redaction left {', '.join(sorted(after.kinds))} identifiable; not sent"
-                )
         target = self.models.package(decision.model)
-        if target is not None:  # in the datatypes the gateway checks, cast as the runtime
-            specs = {spec.name: spec for spec in target.inputs}  # casts (uint8 pixels as FP32)
-            arrays = {
-                name: convert_input(specs[name], array)
-                if name in specs and specs[name].accepts_shape(array.shape)
-                else array  # names and shapes are the guard's and the gateway's to judge
-                for name, array in arrays.items()
-            }
         outgoing = InferRequest(
-            inputs=arrays,
-            datatypes={name: datatype_of(a.dtype) for name, a in arrays.items()},
+            inputs=request.arrays,
+            datatypes={name: datatype_of(a.dtype) for name, a in request.arrays.items()},
             model_name=decision.model,
             model_version=str(request.version)
             if request.version is not None and decision.model == request.model
             else "",
             id=request.request_id,
         )
-        started = self._clock()
-        response = self.offload.infer(
+        if target is not None:  # checked here as the gateway would, cast as the runtime casts
+            outgoing = fitted(target.inputs, outgoing, decision.model)
+        redacted = decision.action == Action.OFFLOAD_REDACTED
+        if redacted:  # checked as the picture will be seen where it goes (a JPEG's)
+            arrays, after = self.inspector.redact(
+                outgoing.inputs,
+                findings,
+                target.preprocessing if target else None,
+                seen=self.offload.picture_view(target, deadline),
+            )
+            if after.kinds:
+                raise PrivacyRefusal(
+                    f"redaction left {', '.join(sorted(after.kinds))} identifiable; not sent"
+                )
+            outgoing = replace(outgoing, inputs=arrays)
+        return self.offload.infer(
             outgoing,
             deadline=deadline,
             label=request.label,
             redacted=redacted,
             request_id=request.request_id,
+            package=target,
         )
-        self.facts.observe_remote(decision.model, (self._clock() - started) * 1000)
-        return response.outputs
 
     def _check_deadline(self, request: Request) -> None:
         """Raises DeadlineExceeded when the request's time is up before its work starts
@@ -471,11 +496,12 @@ class Agent:
         self,
         request: Request,
         decision: Decision,
-        outputs: dict[str, Array],
+        answer: InferResponse,
         findings: Findings,
         *,
         escalated: bool = False,
     ) -> AgentResult:
+        outputs = answer.outputs
         # kept to stand in when the cloud fails again (after the local stand-ins, which
         # would answer a local answer's input again themselves): hashing every local
         # request's input (an image: ~0.2 ms) would be waste
@@ -490,6 +516,7 @@ class Agent:
             findings=findings,
             escalated=escalated,
             now=self._clock,
+            wire_bytes=answer.wire_bytes,
         )
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ class AgentResult:
     findings: Findings | None = None
     error: str | None = None  # why the preferred path failed, when a fallback answered
     load_ms: float | None = None  # loading and warming up a model first, when this request did
+    wire_bytes: tuple[int, int] | None = None  # answered by the cloud: bytes sent, received
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -59,6 +60,8 @@ class AgentResult:
             out["findings"] = self.findings.to_dict()
         if self.error:
             out["fallback_because"] = self.error
+        if self.wire_bytes is not None:
+            out["bytes_sent"], out["bytes_received"] = self.wire_bytes
         return out
 
 
@@ -92,6 +95,7 @@ class Request:
         cached: bool = False,
         escalated: bool = False,
         error: str | None = None,
+        wire_bytes: tuple[int, int] | None = None,
     ) -> AgentResult:
         """The result: ``outputs`` of ``model`` (``version``), answered ``where``."""
         return AgentResult(
@@ -109,6 +113,7 @@ class Request:
             findings=findings,
             error=error,
             load_ms=self.timing.load_ms,
+            wire_bytes=wire_bytes,
         )
 
 

@@ -97,6 +97,14 @@ def _stream(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if stream.error is not None:  # the file could not be read: said in the log already
         raise CliError(f"stream: {stream.error}")
-    frames = streams.snapshot()["cli"]["frames"]
-    print(f"{PROG}: stream: {json.dumps(frames)}", file=sys.stderr)
+    summary = streams.snapshot()["cli"]
+    print(f"{PROG}: stream: {json.dumps(summary['frames'])}", file=sys.stderr)
+    offloaded = summary["offloaded"]
+    if offloaded["frames"]:
+        print(
+            f"{PROG}: stream: {offloaded['frames']} frames answered by the cloud, "
+            f"{offloaded['bytes_a_frame']:,} bytes a frame on the wire (sent "
+            f"{offloaded['bytes_sent']:,}, received {offloaded['bytes_received']:,})",
+            file=sys.stderr,
+        )
     return 0

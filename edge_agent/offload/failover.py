@@ -17,12 +17,15 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from edge_agent.offload.base import Transport
 from edge_core.errors import OffloadTimeout, OffloadUnavailable
 from edge_core.protocol.types import InferRequest, InferResponse
 
 __all__ = ["FailoverTransport"]
+
+T = TypeVar("T")
 
 
 class FailoverTransport(Transport):
@@ -57,6 +60,29 @@ class FailoverTransport(Transport):
                 if step + 1 < len(self.transports):
                     self.failovers += 1
         raise OffloadUnavailable("no gateway replica could be reached: " + "; ".join(errors))
+
+    def model_metadata(self, name: str, *, timeout: float) -> dict[str, Any] | None:
+        return self._ask(lambda t, left: t.model_metadata(name, timeout=left), timeout)
+
+    def server_metadata(self, *, timeout: float) -> dict[str, Any] | None:
+        return self._ask(lambda t, left: t.server_metadata(timeout=left), timeout)
+
+    def repository_index(self, *, timeout: float) -> list[dict[str, Any]] | None:
+        return self._ask(lambda t, left: t.repository_index(timeout=left), timeout)
+
+    def _ask(self, question: Callable[[Transport, float], T], timeout: float) -> T:
+        """The first replica's answer that can be reached within ``timeout``."""
+        deadline = self._clock() + timeout
+        error: OffloadUnavailable | None = None
+        for transport in self.transports:
+            left = deadline - self._clock()
+            if left <= 0:
+                break
+            try:
+                return question(transport, left)
+            except OffloadUnavailable as exc:
+                error = exc
+        raise error or OffloadTimeout("no time left to ask a gateway replica")
 
     def close(self) -> None:
         for transport in self.transports:

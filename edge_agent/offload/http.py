@@ -18,7 +18,13 @@ from typing import Any
 from urllib.parse import quote
 
 from edge_agent.offload.base import Transport
-from edge_core.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
+from edge_core.errors import (
+    ModelNotFoundError,
+    OffloadRejected,
+    OffloadTimeout,
+    OffloadUnavailable,
+    ProtocolError,
+)
 from edge_core.protocol.rest import (
     HEADER_LENGTH,
     decode_infer_response,
@@ -64,7 +70,6 @@ class HttpTransport(Transport):
     def infer(
         self, request: InferRequest, *, timeout: float, request_id: str = ""
     ) -> InferResponse:
-        httpx = self._httpx
         timeout_us = gateway_timeout_us(request, timeout)
         request = replace(request, parameters={**request.parameters, "timeout": timeout_us})
         body, header_length = encode_infer_request(request)
@@ -76,10 +81,19 @@ class HttpTransport(Transport):
         path = f"/v2/models/{quote(request.model_name, safe='')}"
         if request.model_version:
             path += f"/versions/{quote(request.model_version, safe='')}"
+        response = self._send("POST", path + "/infer", timeout, content=body, headers=headers)
+        length = response.headers.get(HEADER_LENGTH)
         try:
-            response = self._client.post(
-                path + "/infer", content=body, headers=headers, timeout=max(timeout, 0.001)
-            )
+            answer = decode_infer_response(response.content, int(length) if length else None)
+        except (ProtocolError, ValueError) as exc:
+            raise OffloadRejected(f"malformed response from {self.base_url}: {exc}") from exc
+        return replace(answer, wire_bytes=(len(body), len(response.content)))
+
+    def _send(self, method: str, path: str, timeout: float, **kwargs: Any) -> Any:
+        """The gateway's answer, a 200; any other status as the agent's offload error."""
+        httpx = self._httpx
+        try:
+            response = self._client.request(method, path, timeout=max(timeout, 0.001), **kwargs)
         except httpx.TimeoutException as exc:
             raise OffloadTimeout(f"no answer from {self.base_url} within {timeout:.3f} s") from exc
         except httpx.TransportError as exc:
@@ -93,14 +107,47 @@ class HttpTransport(Transport):
                 f"the gateway refused ({response.status_code}): {_error(response)}",
                 status=str(response.status_code),
             )
-        length = response.headers.get(HEADER_LENGTH)
+        return response
+
+    def model_metadata(self, name: str, *, timeout: float) -> dict[str, Any] | None:
         try:
-            return decode_infer_response(response.content, int(length) if length else None)
-        except (ProtocolError, ValueError) as exc:
-            raise OffloadRejected(f"malformed response from {self.base_url}: {exc}") from exc
+            response = self._send("GET", f"/v2/models/{quote(name, safe='')}", timeout)
+        except OffloadRejected as exc:
+            if exc.status == "404":
+                raise ModelNotFoundError(str(exc)) from exc
+            raise
+        return _document(response, self.base_url)
+
+    def server_metadata(self, *, timeout: float) -> dict[str, Any] | None:
+        return _document(self._send("GET", "/v2", timeout), self.base_url)
+
+    def repository_index(self, *, timeout: float) -> list[dict[str, Any]] | None:
+        response = self._send("POST", "/v2/repository/index", timeout, json={"ready": True})
+        index: list[dict[str, Any]] = _json(response, self.base_url, list, "index")
+        return index
 
     def close(self) -> None:
         self._client.close()
+
+
+def _document(response: Any, base_url: str) -> dict[str, Any]:
+    document: dict[str, Any] = _json(response, base_url, dict, "metadata")
+    return document
+
+
+def _json(response: Any, base_url: str, kind: type, what: str) -> Any:
+    """The answer's JSON, of ``kind``.
+
+    Raises:
+        OffloadRejected: it is not JSON, or not of ``kind``.
+    """
+    try:
+        value = json.loads(response.content)
+    except ValueError as exc:
+        raise OffloadRejected(f"malformed {what} from {base_url}: {exc}") from exc
+    if not isinstance(value, kind):
+        raise OffloadRejected(f"malformed {what} from {base_url}: not a {kind.__name__}")
+    return value
 
 
 def _error(response: Any) -> str:

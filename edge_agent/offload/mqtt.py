@@ -13,6 +13,7 @@ import math
 import threading
 import uuid
 import weakref
+from dataclasses import replace
 from typing import Any
 
 from edge_agent.mqtt import MqttConnection
@@ -20,6 +21,7 @@ from edge_agent.offload.base import Transport
 from edge_core.errors import OffloadRejected, OffloadTimeout, OffloadUnavailable, ProtocolError
 from edge_core.mqtt import user_properties
 from edge_core.protocol.mqtt import (
+    EXTENSIONS_PROPERTY,
     decode_response,
     encode_request,
     request_topic,
@@ -35,6 +37,7 @@ class _Waiter:
         self.done = threading.Event()
         self.status = 0
         self.result: InferResponse | str = ""
+        self.received = 0  # the response's payload, in bytes
 
 
 _TRANSPORTS: weakref.WeakKeyDictionary[MqttConnection, MqttTransport] = weakref.WeakKeyDictionary()
@@ -42,6 +45,7 @@ _TRANSPORTS: weakref.WeakKeyDictionary[MqttConnection, MqttTransport] = weakref.
 
 class MqttTransport(Transport):
     name = "mqtt"
+    asks_the_gateway = False
 
     def __init__(self, connection: MqttConnection, *, token: str | None = None) -> None:
         self.connection = connection
@@ -49,6 +53,7 @@ class MqttTransport(Transport):
         self._pending: dict[bytes, _Waiter] = {}
         self._lock = threading.Lock()
         self.unmatched = 0
+        self.extensions: list[str] | None = None  # the gateway's, as its answers name them
         self.topic = response_topic(connection.device_id)
         connection.subscribe(self.topic, self._on_response)
 
@@ -71,10 +76,13 @@ class MqttTransport(Transport):
         if waiter is None:
             self.unmatched += 1  # late (its request timed out) or not ours
             return
+        waiter.received = len(message.payload)
+        properties = user_properties(message)
+        named = properties.get(EXTENSIONS_PROPERTY)
+        if named is not None:
+            self.extensions = [e for e in named.split(",")[:64] if e]
         try:
-            waiter.status, waiter.result = decode_response(
-                message.payload, user_properties(message)
-            )
+            waiter.status, waiter.result = decode_response(message.payload, properties)
         except Exception as exc:  # whatever the payload, the caller is told at once
             waiter.status, waiter.result = 502, f"malformed response: {exc}"
         waiter.done.set()
@@ -118,7 +126,7 @@ class MqttTransport(Transport):
             with self._lock:
                 self._pending.pop(correlation, None)
         if waiter.status == 200 and isinstance(waiter.result, InferResponse):
-            return waiter.result
+            return replace(waiter.result, wire_bytes=(len(message.payload), waiter.received))
         if waiter.status in (502, 503):
             raise OffloadUnavailable(f"the gateway is unavailable: {waiter.result}")
         if waiter.status == 504:
@@ -126,3 +134,8 @@ class MqttTransport(Transport):
         raise OffloadRejected(
             f"the gateway refused ({waiter.status}): {waiter.result}", status=str(waiter.status)
         )
+
+    def server_metadata(self, *, timeout: float) -> dict[str, Any] | None:
+        """What the gateway's answers said of its extensions (MQTT carries requests
+        only: nothing is asked)."""
+        return None if self.extensions is None else {"extensions": list(self.extensions)}

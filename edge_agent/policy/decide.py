@@ -19,9 +19,13 @@ Order of precedence, strongest first:
 3. why the cloud would be better: low confidence, throttling, CPU load, a
    local estimate that misses the deadline (one run's moving average for each
    request ahead of this one, and one for itself), a preference;
-4. whether the cloud is reachable (offline, circuit breaker open): if not, a
-   request that wanted the cloud runs locally, marked degraded. A device with
-   no gateway at all keeps its work local without calling it degraded.
+4. whether the cloud can answer: it has the model (as far as the device has
+   learnt), its estimate (the link's round trip, the request's bytes over the
+   link's bandwidth, the gateway's time) meets the deadline, it is reachable
+   (offline, circuit breaker open). If not, a request that wanted the cloud runs
+   locally (marked degraded when the cloud was a necessity), up front rather than
+   after a timeout, or is refused with the reason. A device with no gateway at all
+   keeps its work local without calling it degraded.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ class RequestFacts:
     fits_memory: bool = True
     local_ms: float | None = None  # expected local time of one run (moving average)
     local_queue: int = 0  # local requests already running on the model, ahead of this one
-    remote_ms: float | None = None  # expected round trip plus remote compute
+    remote_ms: float | None = None  # expected round trip, transfer and remote compute
+    remote_parts: str = ""  # remote_ms in its parts, for the message
     deadline_ms: float | None = None  # time left
     throttled: bool = False
     critical: bool = False
@@ -63,6 +68,7 @@ class RequestFacts:
     online: bool = True
     breaker_open: bool = False
     local_confidence: float | None = None  # after the local run, for escalation
+    cloud_lacks: frozenset[str] = frozenset()  # models the gateway is known not to have
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,12 @@ class _Request:
         )
 
     @property
+    def reachable(self) -> bool:
+        """Whether the cloud can be reached (online, breaker closed): where it cannot,
+        that is what a degraded answer says, whatever else it lacks."""
+        return self.facts.online and not self.facts.breaker_open
+
+    @property
     def answers_locally(self) -> bool:
         """Whether a local answer exists (escalating) or can be made: the stand-in
         when the cloud is not taken."""
@@ -152,10 +164,12 @@ class _Request:
         escalate = (
             action == Action.LOCAL and self.facts.local_confidence is None and self.rule.escalate_to
         )
+        weighed = action in (Action.LOCAL, Action.OFFLOAD, Action.OFFLOAD_REDACTED)
+        missing = _missing_estimates(self.facts, self.local_ok) if weighed else ""
         return Decision(
             action=action,
             reason=reason,
-            message=message + _missing_estimates(self.facts, self.local_ok),
+            message=message + (missing if reason != Reason.NOT_IN_CLOUD else ""),
             model=model or self.facts.model,
             label=self.label,
             escalate_below=self.rule.escalate_below if escalate else None,
@@ -266,12 +280,13 @@ def _device_only(request: _Request) -> Decision:
     model = request.facts.model
     if request.local_ok:
         return request.answer(Action.LOCAL, Reason.DEVICE_ONLY, f"{model} runs on the device only")
-    return request.answer(
-        Action.REJECT,
-        Reason.DEVICE_ONLY_UNAVAILABLE,
-        f"{model} may run on the device only, and the device cannot run it now"
-        + (" (above its critical temperature)" if request.local_blocked else ""),
-    )
+    if not request.facts.on_device:
+        why = f"{model} may run on the device only, and it is not installed here"
+    else:
+        why = f"{model} may run on the device only, and the device cannot run it now" + (
+            " (above its critical temperature)" if request.local_blocked else ""
+        )
+    return request.answer(Action.REJECT, Reason.DEVICE_ONLY_UNAVAILABLE, why)
 
 
 def _placed_in_the_cloud(request: _Request) -> _CloudCase | None:
@@ -338,8 +353,12 @@ def _too_slow_here(request: _Request) -> _CloudCase | None:
     return _CloudCase(
         Reason.DEADLINE_LOCAL_TOO_SLOW,
         f"locally ~{request.local_ms:.1f} ms{queue} would miss the {facts.deadline_ms:.1f} ms "
-        f"deadline; the cloud takes ~{facts.remote_ms:.1f} ms",
+        f"deadline; the cloud takes ~{facts.remote_ms:.1f} ms{_parts(facts)}",
     )
+
+
+def _parts(facts: RequestFacts) -> str:
+    return f" ({facts.remote_parts})" if facts.remote_parts else ""
 
 
 def _cloud_preferred(request: _Request) -> _CloudCase | None:
@@ -407,24 +426,52 @@ def _no_gateway(request: _Request, case: _CloudCase) -> Decision | None:
     )
 
 
-def _cloud_too_slow(request: _Request, case: _CloudCase) -> Decision | None:
-    """A preference for the cloud yields to a deadline the cloud would miss."""
+def _cloud_lacks_it(request: _Request, case: _CloudCase) -> Decision | None:
+    """The gateway is known not to have the model the cloud would answer with: the
+    device answers if it can, else a clear refusal (which the agent's fallback may
+    still answer, degraded); nothing is sent to be refused."""
     facts = request.facts
-    if not (case.soft and request.fits(facts.remote_ms) is False and request.answers_locally):
+    model = case.model or facts.model
+    if model not in facts.cloud_lacks:
         return None
-    return request.answer(
-        Action.LOCAL,
-        Reason.DEADLINE_REMOTE_TOO_SLOW,
-        f"{case.message}, but the cloud's ~{facts.remote_ms:.1f} ms would miss the "
-        f"{facts.deadline_ms:.1f} ms deadline",
+    if request.answers_locally:
+        return request.answer(
+            Action.LOCAL,
+            Reason.NOT_IN_CLOUD,
+            f"{case.message}, but the cloud does not have {model}: the device answers",
+        )
+    if not facts.on_device:
+        message = f"{model} is not installed here and the cloud does not have it"
+    else:
+        message = f"{case.message}, but the cloud does not have {model}"
+    return request.answer(Action.REJECT, Reason.NOT_IN_CLOUD, message)
+
+
+def _cloud_too_slow(request: _Request, case: _CloudCase) -> Decision | None:
+    """A cloud whose estimate (the link's round trip and bytes, and the remote time)
+    misses the deadline: a preference yields to it, and the device answers; a
+    necessity is refused up front rather than sent to time out (the agent's fallback
+    may still answer, degraded). Where the cloud cannot be reached, that is the
+    reason instead."""
+    facts = request.facts
+    if request.fits(facts.remote_ms) is not False:
+        return None
+    late = (
+        f"{case.message}, but the cloud's ~{facts.remote_ms:.1f} ms{_parts(facts)} would "
+        f"miss the {facts.deadline_ms:.1f} ms deadline"
     )
+    if case.soft and request.answers_locally:
+        return request.answer(Action.LOCAL, Reason.DEADLINE_REMOTE_TOO_SLOW, late)
+    if not request.reachable:
+        return None
+    return request.answer(Action.REJECT, Reason.DEADLINE_REMOTE_TOO_SLOW, late)
 
 
 def _cloud_unreachable(request: _Request, case: _CloudCase) -> Decision | None:
     """Offline or behind an open circuit breaker, a request that wanted the cloud
     runs locally, marked degraded, or gets a clear refusal."""
     facts = request.facts
-    if facts.online and not facts.breaker_open:
+    if request.reachable:
         return None
     why = "the device is offline" if not facts.online else "the circuit breaker is open"
     if request.answers_locally:
@@ -442,6 +489,7 @@ def _cloud_unreachable(request: _Request, case: _CloudCase) -> Decision | None:
 _GATES: tuple[Callable[[_Request, _CloudCase], Decision | None], ...] = (
     _label_keeps_it_here,
     _no_gateway,
+    _cloud_lacks_it,
     _cloud_too_slow,
     _cloud_unreachable,
 )

@@ -21,7 +21,9 @@ class Reason:
     NO_ESCALATION: Final = "no_escalation"  # the model has no cloud model to escalate to
     STAYS_ON_DEVICE: Final = "stays_on_device"  # the cloud would be better; the label forbids it
     NO_GATEWAY: Final = "no_gateway"  # the cloud would be better; there is none (or REJECT)
-    DEADLINE_REMOTE_TOO_SLOW: Final = "deadline_remote_too_slow"  # the cloud would miss it
+    # the cloud would miss the deadline (LOCAL_DEGRADED where the cloud was a necessity)
+    DEADLINE_REMOTE_TOO_SLOW: Final = "deadline_remote_too_slow"
+    NOT_IN_CLOUD: Final = "not_in_cloud"  # the cloud would be better; it lacks the model
     # OFFLOAD / OFFLOAD_REDACTED: why the cloud answers
     CLOUD_ONLY: Final = "cloud_only"
     NOT_ON_DEVICE: Final = "not_on_device"

@@ -32,6 +32,7 @@ LABELS = ("public", "personal", "sensitive")  # from least to most sensitive
 LEAVE_MODES = ("free", "redact", "local")  # from least to most restrictive
 PLACEMENTS = ("device", "cloud", "either")
 REDACTION_MODES = ("pixelate", "blur", "fill")
+PICTURE_FORMATS = ("jpeg", "webp", "png", "tensor")  # tensor: pictures leave as tensors
 
 
 class PolicyError(ConfigError):
@@ -89,6 +90,11 @@ class PolicyRules:
         redaction.mode: ``pixelate`` (3 blocks across a face), ``blur`` or
             ``fill`` (black).
         redaction.mask_scale: the hidden area's side, in face-box sides.
+        pictures: how an offloaded picture leaves (a model with image preprocessing,
+            to a gateway that takes pictures encoded).
+        pictures.format: ``jpeg``, ``webp``, ``png`` (lossless) or ``tensor`` (the
+            input tensor itself, some 20-70 times the bytes).
+        pictures.quality: the JPEG's or WebP's quality, 1-100.
     """
 
     leave: dict[str, str] = field(
@@ -107,6 +113,8 @@ class PolicyRules:
     deadline_margin_ms: float = 2.0
     redaction_mode: str = "pixelate"
     mask_scale: float = 1.6
+    picture_format: str = "jpeg"
+    picture_quality: int = 90
     source: Path | None = None
 
     def rule(self, model: str) -> ModelRule:
@@ -136,6 +144,7 @@ class PolicyRules:
             },
             "deadline": {"margin_ms": self.deadline_margin_ms},
             "redaction": {"mode": self.redaction_mode, "mask_scale": self.mask_scale},
+            "pictures": {"format": self.picture_format, "quality": self.picture_quality},
         }
 
 
@@ -170,6 +179,10 @@ def parse_policy(
     mode = redaction.string("mode", defaults.redaction_mode, choices=REDACTION_MODES)
     mask_scale = redaction.number("mask_scale", defaults.mask_scale, minimum=1.0, maximum=4.0)
     redaction.done()
+    pictures = fields.table("pictures", None)
+    picture_format = pictures.string("format", defaults.picture_format, choices=PICTURE_FORMATS)
+    picture_quality = pictures.integer("quality", defaults.picture_quality, minimum=1, maximum=100)
+    pictures.done()
     fields.integer("version", 1, minimum=1)
     fields.done()
     return PolicyRules(
@@ -181,6 +194,8 @@ def parse_policy(
         deadline_margin_ms=margin,
         redaction_mode=mode,
         mask_scale=mask_scale,
+        picture_format=picture_format,
+        picture_quality=picture_quality,
         source=path,
     )
 

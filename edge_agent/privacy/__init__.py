@@ -343,11 +343,14 @@ class PrivacyInspector:
         inputs: dict[str, Array],
         findings: Findings,
         preprocessing: ImagePreprocessing | None = None,
+        *,
+        seen: Callable[[Array], Array] | None = None,
     ) -> tuple[dict[str, Array], Findings]:
         """New inputs with faces hidden, personal text masked and encoded images
         written again without metadata; what is still found (pictures searched by
         the checker: for pixel tensors, what it found in the last round of
-        :func:`redact_faces`; the exit guard searches what leaves once more)."""
+        :func:`redact_faces`, in the picture as ``seen`` makes it, when it will leave
+        encoded; the exit guard searches what leaves once more)."""
         out = dict(inputs)
         for name, array in inputs.items():
             if _holds_bytes(array):
@@ -364,7 +367,9 @@ class PrivacyInspector:
                 pictures(array, self._pre(name, preprocessing)), per_picture, strict=True
             ):
                 # every picture: the checker also hides what the detector missed
-                redacted, remaining = redact_faces(view.rgb, faces, self.checker, self.redaction)
+                redacted, remaining = redact_faces(
+                    view.rgb, faces, self.checker, self.redaction, seen=seen
+                )
                 left[name].append(remaining)
                 if redacted is not view.rgb:
                     array[where] = view.encode(redacted)

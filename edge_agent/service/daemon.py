@@ -134,6 +134,8 @@ class Daemon:
         if self.thermal is not None and self.thermal.precision is not None:
             agent.prefer_precision(self.thermal.precision)
         self._warm(agent, config)
+        if agent.offload is not None:  # what the cloud serves, listed before any request
+            agent.offload.catalog.refresh_in_background()
         return agent
 
     def _warm(self, agent: Agent, config: AgentConfig) -> None:

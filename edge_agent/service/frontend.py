@@ -180,6 +180,8 @@ class LocalService:
             "edge_degraded": result.degraded,
             "request_id": rid,
         }
+        if result.wire_bytes is not None:  # answered by the cloud: what the link carried
+            parameters["edge_bytes_sent"], parameters["edge_bytes_received"] = result.wire_bytes
         return InferResponse(
             model_name=request.model_name,
             model_version=str(result.version or ""),
@@ -250,6 +252,31 @@ class LocalService:
         self.metrics.request(self._label_of(request.model_name), action, reason, None, 0.0)
         if status.http >= 500:
             log.error("request for %.140r failed: %s", request.model_name, status.message)
+
+    def explain(self, request: InferRequest, *, label: str | None = None) -> dict[str, Any]:
+        """Where the running agent would answer ``request``, and why, with the findings
+        behind it: :meth:`Agent.explain`, knowing what this agent has learnt (its link,
+        its models' latency, what the cloud has). Nothing leaves the device.
+
+        Raises:
+            EdgeError: mapped to a status by :func:`edge_core.status.status_of`.
+        """
+        with self._tracked() as agent:
+            name = check_model_name(request.model_name)
+            package = agent.package(name)
+            inputs, _ = (
+                encoded_pictures(package, request.inputs, max_pixels=agent.max_pixels)
+                if package
+                else (request.inputs, None)
+            )
+            timeout_us = request.timeout_us
+            decision, findings = agent.explain(
+                name,
+                inputs,
+                label=_label(request, label),
+                deadline_ms=timeout_us / 1000 if timeout_us else None,
+            )
+        return {**decision.to_dict(), "findings": findings.to_dict(), "profile": agent.profile.id}
 
     def repository_index(self) -> list[dict[str, str]]:
         """The models on the device, as the repository extension lists them: READY when

@@ -47,7 +47,7 @@ __all__ = ["HttpApi"]
 log = logging.getLogger(__name__)
 
 SERVER = {"name": "edge-agent", "version": __version__, "extensions": ["binary_tensor_data"]}
-_MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer)?$")
+_MODEL = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer|/explain)?$")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _EVENTS = re.compile(r"^/v2/streams/([A-Za-z0-9][A-Za-z0-9._-]{0,63})/events$")
 HEARTBEAT_S = 15.0  # a comment line this often keeps an idle event stream open
@@ -211,7 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
         if events is not None:
             return self._events(events.group(1))
         match = _MODEL.match(path)
-        if match is None or match.group(3) == "/infer":
+        if match is None or match.group(3) in ("/infer", "/explain"):
             return self._error(404, f"no such endpoint: GET {path}")
         name, version, ready = match.groups()
         try:
@@ -261,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, self.service.repository_index())
             return None
         match = _MODEL.match(path)
-        if match is None or match.group(3) != "/infer":
+        if match is None or match.group(3) not in ("/infer", "/explain"):
             if self._body() is not None:  # else it has answered already (411, 413)
                 self._error(404, f"no such endpoint: POST {path}")
             return None
@@ -269,15 +269,16 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return None
         rid = self.headers.get("X-Request-Id") or None
+        label = self.headers.get("X-Edge-Label")
         try:
             header = self.headers.get(HEADER_LENGTH)
             if header is not None and (not is_decimal(header) or len(header) > 19):
                 raise InputError(f"{HEADER_LENGTH} must be a non-negative integer")
             request = decode_infer_request(body, int(header) if header is not None else None)
             request.model_name, request.model_version = match.group(1), match.group(2) or ""
-            response = self.service.infer(
-                request, label=self.headers.get("X-Edge-Label"), request_id=rid
-            )
+            if match.group(3) == "/explain":
+                return self._json(200, self.service.explain(request, label=label))
+            response = self.service.infer(request, label=label, request_id=rid)
             out, header_length = encode_infer_response(response, request)
         except Exception as exc:
             status = status_of(exc)

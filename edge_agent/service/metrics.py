@@ -183,6 +183,7 @@ def _link_metrics(state: dict[str, Any]) -> Iterator[Metric]:
         "reason",
         offload["guard_refusals"],
     )
+    yield from _traffic_metrics(offload)
     if "unmatched_responses" in offload:
         yield _one(
             CounterMetricFamily,
@@ -190,6 +191,38 @@ def _link_metrics(state: dict[str, Any]) -> Iterator[Metric]:
             "Offload responses that matched no request waiting (late, or not ours).",
             offload["unmatched_responses"],
         )
+
+
+def _traffic_metrics(offload: dict[str, Any]) -> Iterator[Metric]:
+    """The bytes the offload link carried, per model, and its estimated round trip and
+    bandwidth."""
+    transport = offload["transport"]
+    for direction in ("sent", "received"):
+        family = CounterMetricFamily(
+            f"edge_agent_offload_bytes_{direction}",
+            f"Bytes {direction} on the wire by answered offloads, by transport and model.",
+            labels=["transport", "model"],
+        )
+        for model, counts in sorted(offload["traffic"].items()):
+            family.add_metric([transport, model], counts[direction])
+        yield family
+    link = offload["link"]
+    for key, name, what, scale in (
+        ("rtt_ms", "edge_agent_offload_link_rtt_seconds", "round trip", 1e-3),
+        (
+            "bandwidth_mbit_s",
+            "edge_agent_offload_link_bandwidth_bytes_per_second",
+            "bandwidth",
+            1e6 / 8,
+        ),
+    ):
+        if link[key] is not None:
+            yield _one(
+                GaugeMetricFamily,
+                name,
+                f"The offload link's {what}, as estimated from the agent's own offloads.",
+                link[key] * scale,
+            )
 
 
 class ServiceMetrics:

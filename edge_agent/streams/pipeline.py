@@ -90,19 +90,34 @@ class StreamStats:
         self.latency = LatencyWindow(512)  # "end_to_end" and each stage, in ms
         self.state = "starting"  # the source's: one of source.STATES
         self.reopened = 0  # times a live source was opened again
+        self.offloaded = [0, 0, 0]  # frames answered by the cloud, bytes sent, bytes received
 
     def count(self, outcome: str, n: int = 1) -> None:
         with self._lock:
             self.counts[outcome] += n
 
+    def count_bytes(self, sent: int, received: int) -> None:
+        """One frame answered by the cloud, and the bytes its offload took each way."""
+        with self._lock:
+            self.offloaded[0] += 1
+            self.offloaded[1] += sent
+            self.offloaded[2] += received
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             counts = dict(self.counts)
+            frames, sent, received = self.offloaded
         return {
             "frames": counts,
             "latency_ms": self.latency.summary(),
             "state": self.state,
             "reopened": self.reopened,
+            "offloaded": {
+                "frames": frames,
+                "bytes_sent": sent,
+                "bytes_received": received,
+                "bytes_a_frame": round((sent + received) / frames) if frames else None,
+            },
         }
 
 
@@ -383,6 +398,8 @@ class Stream:
         answer = describe_outputs(package, outcome.outputs, top=3, image_hw=frame.pixels.shape[:2])
         if outcome.degraded and not skipped:  # once an inference, not once a frame
             self.stats.count("degraded")
+        if outcome.wire_bytes is not None and not skipped:
+            self.stats.count_bytes(*outcome.wire_bytes)
         result.update(
             decision=outcome.decision.action.value,
             reason=outcome.decision.reason,

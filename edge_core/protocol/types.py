@@ -115,6 +115,9 @@ class InferResponse:
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     raw: RawAnswer | None = field(default=None, repr=False, compare=False)
+    # not of the protocol: the bytes the exchange took on the wire, sent and received,
+    # as a device's transport counted them (None: not counted)
+    wire_bytes: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
 
 def parse_length(text: str, what: str) -> int:

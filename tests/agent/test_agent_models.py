@@ -167,7 +167,7 @@ def test_an_untimed_model_is_expected_to_take_its_predicted_latency() -> None:
             return package
 
     models = LocalModels(profile, One())
-    facts = FactSheet(models, None, online=lambda: True)
+    facts = FactSheet(models, None, rules=lambda: load_policy(DEFAULT_POLICY), online=lambda: True)
     deadline = time.monotonic() + 0.2
     untimed = facts.of("digits-light", None, Findings(), deadline, DeviceState())
     assert untimed.local_ms == pytest.approx(predict_ms(heavy, profile.cost))

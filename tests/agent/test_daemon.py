@@ -334,7 +334,8 @@ def test_requests_sent_during_a_sighup_reload_all_succeed(agent: Running) -> Non
 
 
 class SilentGateway:
-    """Accepts HTTP requests, records their headers, answers after ``delay`` with 503."""
+    """Accepts HTTP requests, records the headers of inference requests (not the agent's
+    questions about the gateway: its index), answers after ``delay`` with 503."""
 
     def __init__(self, delay: float) -> None:
         headers: list[dict[str, str]] = []
@@ -342,7 +343,8 @@ class SilentGateway:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
-                headers.append(dict(self.headers))
+                if self.path.endswith("/infer"):
+                    headers.append(dict(self.headers))
                 time.sleep(delay)
                 self.send_response(503)
                 self.send_header("Content-Length", "2")

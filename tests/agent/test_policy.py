@@ -164,6 +164,51 @@ def test_link_state() -> None:
     check(facts(throttled=True, gateway=False), Action.LOCAL, "no_gateway")
 
 
+def test_the_cloud_lacking_the_model_keeps_it_here_or_says_so() -> None:
+    lacks = frozenset({"digits-heavy"})
+    # a preference (an unsure local answer): the local answer stands, not degraded
+    check(facts(local_confidence=0.3, cloud_lacks=lacks), Action.LOCAL, "not_in_cloud")
+    busy = decide(facts(cpu_load=0.95, cloud_lacks=frozenset({"digits-light"})), RULES)
+    assert (busy.action, busy.reason) == (Action.LOCAL, "not_in_cloud")
+    assert busy.message.endswith("but the cloud does not have digits-light: the device answers")
+    # a necessity: refused, nothing sent (the agent's fallback may stand in)
+    heavy = decide(facts("digits-heavy", cloud_lacks=lacks, deadline_ms=50.0), RULES)
+    assert (heavy.action, heavy.reason) == (Action.REJECT, "not_in_cloud")
+    assert heavy.message == (
+        "digits-heavy runs in the cloud only, but the cloud does not have digits-heavy"
+    )
+    # nothing here either: said as it is, without "no latency estimate"
+    missing = decide(
+        facts("digits-xl", on_device=False, cloud_lacks=frozenset({"digits-xl"})), RULES
+    )
+    assert (missing.action, missing.reason) == (Action.REJECT, "not_in_cloud")
+    assert missing.message == "digits-xl is not installed here and the cloud does not have it"
+    # a device-only model that is not installed says so
+    absent = decide(facts("face-detection-short-range", on_device=False), RULES)
+    assert "it is not installed here" in absent.message
+
+
+def test_a_cloud_too_slow_for_the_deadline_is_priced_up_front() -> None:
+    parts = "round trip 40.0 ms + 4.9 MB at 10.0 Mbit/s 3900.0 ms + gateway 60.0 ms"
+    slow = facts("ppocr-det", remote_ms=4000.0, remote_parts=parts, deadline_ms=1000.0)
+    decision = decide(slow, RULES)
+    assert (decision.action, decision.reason) == (Action.REJECT, "deadline_remote_too_slow")
+    assert decision.message == (
+        f"ppocr-det runs in the cloud only, but the cloud's ~4000.0 ms ({parts}) would "
+        "miss the 1000.0 ms deadline"
+    )
+    # a preference yields to it: the device answers
+    check(
+        replace(slow, model="digits-light", throttled=True),
+        Action.LOCAL,
+        "deadline_remote_too_slow",
+    )
+    # unreachable: that is what is said
+    check(replace(slow, breaker_open=True), Action.REJECT, "cloud_unreachable")
+    # in time: offloaded
+    check(replace(slow, remote_ms=300.0), Action.OFFLOAD, "cloud_only")
+
+
 def test_prefer_cloud() -> None:
     cloudy = replace(RULES, prefer="cloud")
     decision = decide(facts(), cloudy)

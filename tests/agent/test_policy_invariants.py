@@ -44,6 +44,7 @@ REASONS = {
     Action.LOCAL: {
         Reason.PREFER_LOCAL, Reason.DEVICE_ONLY, Reason.CONFIDENT, Reason.NO_ESCALATION,
         Reason.STAYS_ON_DEVICE, Reason.NO_GATEWAY, Reason.DEADLINE_REMOTE_TOO_SLOW,
+        Reason.NOT_IN_CLOUD,
     },
     Action.OFFLOAD: {
         Reason.CLOUD_ONLY, Reason.NOT_ON_DEVICE, Reason.EXCEEDS_MEMORY_BUDGET,
@@ -53,7 +54,7 @@ REASONS = {
     Action.LOCAL_DEGRADED: {Reason.OFFLINE, Reason.BREAKER_OPEN},
     Action.REJECT: {
         Reason.DEVICE_ONLY_UNAVAILABLE, Reason.MAY_NOT_LEAVE, Reason.CLOUD_UNREACHABLE,
-        Reason.NO_GATEWAY,
+        Reason.NO_GATEWAY, Reason.NOT_IN_CLOUD, Reason.DEADLINE_REMOTE_TOO_SLOW,
     },
 }  # fmt: skip
 REASONS[Action.OFFLOAD_REDACTED] = REASONS[Action.OFFLOAD]
@@ -137,6 +138,7 @@ facts = st.builds(
     online=usually,
     breaker_open=rarely,
     local_confidence=st.none() | st.none() | st.none() | unit,
+    cloud_lacks=st.just(frozenset()) | st.frozensets(st.sampled_from((*MODELS, UNLISTED))),
 )
 
 
@@ -183,6 +185,14 @@ def _unreachable_cloud_is_never_sent_to(
         assert decision.reason == (Reason.OFFLINE if not f.online else Reason.BREAKER_OPEN)
     if not f.gateway:
         assert decision.action in (Action.LOCAL, Action.REJECT)
+
+
+def _nothing_goes_to_a_model_the_cloud_lacks(
+    f: RequestFacts, rules: PolicyRules, decision: Decision
+) -> None:
+    """The cloud is never sent a request for a model it is known not to have."""
+    if decision.leaves_device:
+        assert decision.model not in f.cloud_lacks
 
 
 def _device_answers_only_what_it_can_run(
@@ -238,6 +248,7 @@ def _says_why_and_escalates_as_configured(
 INVARIANTS = (
     _label_lets_it_leave,
     _unreachable_cloud_is_never_sent_to,
+    _nothing_goes_to_a_model_the_cloud_lacks,
     _device_answers_only_what_it_can_run,
     _preference_never_misses_a_known_deadline,
     _says_why_and_escalates_as_configured,

@@ -72,6 +72,34 @@ def test_redaction_leaves_no_detectable_face_and_the_rest_untouched(detector: Fa
     assert changed.mean() < 0.15  # only around the face
 
 
+def test_redaction_checks_the_picture_as_it_will_be_seen_where_it_goes() -> None:
+    """A checker that sees a face only in what the encoding makes of the picture (the
+    redacted astronaut had one at 0.06 in its JPEG, none in its pixels): checked as
+    seen, that region is hidden too."""
+    from edge_agent.privacy.redact import Redaction
+
+    box = Face(40, 40, 80, 80, 0.3)
+
+    class SeesArtefacts:
+        def detect(self, rgb: np.ndarray) -> list[Face]:
+            encoded = rgb[0, 0, 0] == 7  # the mark the round trip below leaves
+            shown = rgb[40:80, 40:80].max() > 0
+            return [box] if encoded and shown else []
+
+    def jpeg_round_trip(rgb: np.ndarray) -> np.ndarray:
+        out = rgb.copy()
+        out[0, 0, 0] = 7
+        return out
+
+    picture = np.full((120, 120, 3), 128, np.uint8)
+    fill = Redaction("fill", 1.0)
+    as_pixels, left = redact_faces(picture, [], SeesArtefacts(), fill)
+    assert left == [] and as_pixels is picture  # nothing seen, nothing hidden
+    as_seen, left = redact_faces(picture, [], SeesArtefacts(), fill, seen=jpeg_round_trip)
+    assert left == [] and as_seen[40:80, 40:80].max() == 0  # hidden
+    assert as_seen[100:, 100:].min() == 128  # the rest untouched
+
+
 def test_text_pii_is_found_and_masked() -> None:
     text = (
         "Write to jane.doe@example.com or call +44 20 7946 0958. Card 4111 1111 1111 1111, "

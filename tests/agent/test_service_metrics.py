@@ -69,10 +69,11 @@ def test_metrics_and_telemetry_show_the_links_counters(broker: TestBroker, tmp_p
         assert metric_value(text, "edge_agent_offload_breaker_state", state="closed") == 1.0
         assert metric_value(text, "edge_agent_offload_breaker_state", state="open") == 0.0
 
-        # a picture the device cannot search for faces (no detector): the exit guard refuses it
+        # a picture the device cannot search for faces (no detector), for a model only the
+        # cloud has (what it takes cannot be asked over MQTT): the exit guard refuses it
         picture = {"inputs": [{"name": "pixels", "shape": [1, 64, 64], "datatype": "FP32",
                                "data": [0.0] * 4096}]}  # fmt: skip
-        assert post(port, "digits-heavy", picture) == 403
+        assert post(port, "cloud-vision", picture) == 403
         # no gateway answers over the broker: three timeouts open the breaker (the local
         # model answers meanwhile)
         digits = {"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32",
@@ -115,6 +116,16 @@ def test_metrics_and_telemetry_show_the_links_counters(broker: TestBroker, tmp_p
             "breaker_opened": 1,
             "guard_refusals": {"unsearchable": 1},
             "unmatched_responses": 1,
+            # nothing answered: no bytes counted, nothing learnt of the link; MQTT cannot
+            # list the cloud's models
+            "link": {
+                "rtt_ms": None,
+                "bandwidth_mbit_s": None,
+                "bytes_sent": 0,
+                "bytes_received": 0,
+            },
+            "traffic": {},
+            "cloud_models": None,
         }
     finally:
         observer.close()

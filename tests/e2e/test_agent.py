@@ -142,10 +142,11 @@ def test_what_the_gateway_receives_of_a_redacted_image_shows_no_face(
     view = tensor_to_image(received[0], fetched.get("ppocr-det").preprocessing)
     assert view is not None
     assert detector.detect(view.rgb) == []
-    # and the rest of the picture made it through
+    # and the rest of the picture made it through (as a JPEG: within its loss)
     original = tensor_to_image(inputs["x"][0], fetched.get("ppocr-det").preprocessing)
     assert original is not None
-    assert np.mean(np.all(view.rgb == original.rgb, axis=2)) > 0.85
+    close = np.abs(view.rgb.astype(int) - original.rgb.astype(int)).max(axis=2) <= 24
+    assert np.mean(close) > 0.85
     agent.close()
 
 
@@ -425,8 +426,10 @@ def test_the_deadline_counts_the_local_queue_and_says_when_estimates_are_missing
     assert "no latency estimate" not in decision.message  # loading timed a first run
     # 10 ms a run, the cloud 5 ms: alone it fits 30 ms; behind 3 running requests it does not
     local.estimate = LatencyEstimate(value=10.0)
-    agent.facts.observe_remote("digits-light", 5.0)
     agent.offload = OffloadClient(make_transport("http", "127.0.0.1:9"))  # never called
+    agent.offload.costs.observe(  # one offload answered: 3 ms of round trip, 2 ms the gateway's
+        "digits-light", raw_bytes=256, sent=300, received=100, total_s=0.005, server_s=0.002
+    )
     decision, _ = agent.explain("digits-light", x, deadline_ms=30)
     assert decision.reason == "prefer_local"
     local.running = 3  # as while three other requests run on it

@@ -138,21 +138,27 @@ class Fleet:
         )  # fmt: skip
 
 
-def light_repository(tmp: Path) -> Path:
+def light_repository(tmp: Path, packages: tuple[Path, ...] = ()) -> Path:
+    """digits-light, and copies of ``packages`` (model folders)."""
     import shutil
 
     repository = tmp / "models"
-    shutil.copytree(MODELS / "digits-light", repository / "digits-light")
+    for package in (MODELS / "digits-light", *packages):
+        shutil.copytree(package, repository / package.name)
     return repository
 
 
 @contextlib.contextmanager
 def running_fleet(
-    root: Path, *, dynamic_security: bool = False, revoked: tuple[str, ...] = ()
+    root: Path,
+    *,
+    dynamic_security: bool = False,
+    revoked: tuple[str, ...] = (),
+    packages: tuple[Path, ...] = (),
 ) -> Iterator[Fleet]:
     """cam-01 (group g1) and cam-02 (g2), and ``revoked`` devices (g1), a broker with the
     generated files (the password and ACL files, or the dynamic security plugin's), and
-    one gateway bridging it."""
+    one gateway bridging it, serving digits-light and ``packages``."""
     state = root / "state"
     registry = registry_in(state)
     tokens = {"cam-01": registry.add("cam-01", "g1"), "cam-02": registry.add("cam-02", "g2")}
@@ -170,7 +176,7 @@ def running_fleet(
         )  # fmt: skip
     broker.start()
     config = GatewayConfig(
-        repository=light_repository(root), state_dir=state, http_port=0, grpc_port=0,
+        repository=light_repository(root, packages), state_dir=state, http_port=0, grpc_port=0,
         poll_interval_s=0.0, mqtt=MqttBridgeSettings(port=broker.gateway_port),
     )  # fmt: skip
     fleet = Fleet(root, registry, broker, tokens, password, config)
