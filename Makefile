@@ -122,12 +122,14 @@ docs: venv
 # (`edge-agent bench --model`) and the toolchain's build are the product's commands. One benchmark
 # alone: `make bench-offload figures`; a few: `make bench BENCHES="digits-light hybrid"`.
 # They measure this machine: run them on an idle one.
-BENCHES ?= digits-light digits-heavy blazeface hybrid offload ota mqtt service stream gateway gateway-wide remote peers fleet-1k fleet-10k faces ppocr
+BENCHES ?= digits-light digits-heavy blazeface hybrid offload link ota mqtt service stream gateway gateway-wide remote peers fleet-1k fleet-10k faces ppocr
 BENCH_digits-light = -m edge_agent bench --model digits-light
 BENCH_digits-heavy = -m edge_agent bench --model digits-heavy
 BENCH_blazeface    = -m edge_agent bench --model face-detection-short-range
 BENCH_hybrid       = -m benchmarks hybrid
 BENCH_offload      = -m benchmarks offload --profile raspberry-pi-5
+# pictures over a rate-limited link (P13): as root, in a network namespace of its own
+BENCH_link         = -m benchmarks offload --link 10,25,100
 BENCH_ota          = -m benchmarks ota
 BENCH_mqtt         = -m benchmarks mqtt
 BENCH_service      = -m benchmarks service

@@ -71,6 +71,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "python -m benchmarks offload --profile {profile}",
         "benchmarks.agent.offload:format_offload",
     ),
+    "offload-link": Benchmark(
+        "Offload sized for the link",
+        "python -m benchmarks offload --link {rates}",
+        "benchmarks.agent.link:format_link",
+    ),
     "ota": Benchmark("OTA install", "python -m benchmarks ota", "benchmarks.agent.ota:format_ota"),
     "mqtt": Benchmark("MQTT", "python -m benchmarks mqtt", "benchmarks.agent.mqtt:format_mqtt"),
     "service": Benchmark(
@@ -238,6 +243,7 @@ def _command(kind: str, report: Report, name: str) -> str:
         model=report.get("model", "?"),
         profile=report.get("profile", "?"),
         command=report.get("command", "?"),  # what the run was given (its engine, its fleet)
+        rates=",".join(f"{r:g}" for r in report.get("settings", {}).get("rates_mbit", [])),
     )
     return f"`{command} --json bench-results/{name}.json` (`make bench-{name}`)"
 
@@ -343,8 +349,9 @@ def render_page(
 
 
 # the benchmarks `make bench` runs (its BENCHES), by the name of their JSON file
-_MAKE_NAMES = ("digits-light", "digits-heavy", "blazeface", "hybrid", "offload", "ota", "mqtt",
-               "service", "gateway", "remote", "fleet-1k", "fleet-10k", "faces")  # fmt: skip
+_MAKE_NAMES = ("digits-light", "digits-heavy", "blazeface", "hybrid", "offload", "link", "ota",
+               "mqtt", "service", "gateway", "remote", "fleet-1k", "fleet-10k",
+               "faces")  # fmt: skip
 
 
 def load_reports(results: Path, out: Path) -> dict[str, Report]:

@@ -1,4 +1,4 @@
-"""The performance targets of MISSION §7 (P1-P12), and how each is judged from the JSON of
+"""The performance targets of MISSION §7 (P1-P13), and how each is judged from the JSON of
 the benchmark that measures it (:mod:`benchmarks.page` shows them beside the figures).
 A judge reads a report and says what was measured and whether it meets the target."""
 
@@ -178,6 +178,22 @@ def _p11(report: Report) -> Verdict:
     )
 
 
+def _p13(report: Report) -> Verdict:
+    rows = {(r["rate_mbit"], r["form"]): r for r in report["rows"]}
+    rates = sorted({rate for rate, _ in rows})
+    slow = min(rates, key=lambda rate: abs(rate - 10.0))
+    tensor, encoded = rows[(slow, "tensor")], rows[(slow, "encoded")]
+    fraction = max(rows[(rate, "encoded")]["bytes_up"] for rate in rates) / tensor["bytes_up"]
+    iou = min(rows[(rate, "encoded")]["boxes_iou"] for rate in rates)
+    speedup = tensor["p50_ms"] / encoded["p50_ms"]
+    text = (
+        f"{fraction:.3f} of the tensor's bytes (1/{1 / fraction:.0f}), boxes IoU ≥ {iou:.3f}; "
+        f"at {slow:g} Mbit/s p50 {encoded['p50_ms']:.0f} against {tensor['p50_ms']:.0f} ms "
+        f"({speedup:.1f}x)"
+    )
+    return text, fraction <= 1 / 20 and iou >= 0.9 and speedup >= 3.0
+
+
 @dataclass(frozen=True)
 class Target:
     id: str
@@ -214,6 +230,8 @@ TARGETS: tuple[Target, ...] = (
            "100,000-device plan from them", "fleet", _p11),
     Target("P12", "the toolchain's INT8 on PP-OCRv4 det", "≥ 1.5× FP32 at batch 1, "
            "map IoU ≥ 0.9", "build", _p12),
+    Target("P13", "bytes per offloaded 640x480 picture", "≤ 1/20 of its FP32 tensor, same "
+           "answer (IoU ≥ 0.9); ≥ 3× lower p50 over a 10 Mbit/s link", "offload-link", _p13),
 )  # fmt: skip
 
 

@@ -26,6 +26,16 @@ def register(commands: Any) -> None:
     hybrid.add_argument("--deadline-ms", type=float, default=250.0, help="per request")
     offload = _add(commands, "offload", "an offload round trip over the floor", _offload)
     _add_requests(offload, 1000)
+    offload.add_argument(
+        "--link",
+        metavar="MBITS",
+        help="instead: pictures offloaded over a shaped link at these rates, e.g. 10,25,100 "
+        "(as root: a network namespace of its own)",
+    )
+    offload.add_argument("--rtt-ms", type=float, default=40.0, help="with --link: round trip")
+    offload.add_argument(
+        "--protocol", choices=("grpc", "http"), default="grpc", help="with --link: transport"
+    )
     ota = _add(
         commands,
         "ota",
@@ -127,9 +137,26 @@ def _hybrid(args: argparse.Namespace) -> int:
 def _offload(args: argparse.Namespace) -> int:
     from benchmarks.agent.offload import format_offload, run_offload
 
+    if args.link:
+        return _link(args)
     profile, _ = resolve_profile(args)
     report = run_offload(profile, args.model_dir or default_model_dir(), requests=_requests(args))
     return _done(args, report, format_offload(report))
+
+
+def _link(args: argparse.Namespace) -> int:
+    from benchmarks.agent.link import LinkSettings, format_link, run_link
+
+    try:
+        rates = tuple(float(rate) for rate in args.link.split(","))
+    except ValueError:
+        raise CliError(f"--link takes rates in Mbit/s, e.g. 10,25,100; got {args.link!r}") from None
+    if not rates or min(rates) <= 0 or args.rtt_ms < 0:
+        raise CliError("--link rates must be positive, and --rtt-ms not negative")
+    settings = LinkSettings(rates_mbit=rates, rtt_ms=args.rtt_ms, protocol=args.protocol)
+    profile, _ = resolve_profile(args)
+    report = run_link(profile, args.model_dir or default_model_dir(), settings)
+    return _done(args, report, format_link(report))
 
 
 def _ota(args: argparse.Namespace) -> int:
