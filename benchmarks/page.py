@@ -12,7 +12,8 @@ benchmark's formatter, so the page and the terminal never disagree), the
 machine it ran on, the date and the commit, and the targets of MISSION §7
 (P1-P12) that its figures judge. A JSON today's formatter cannot read (an older
 run) is named with the error instead of its table. The page opens by saying it
-is generated and must not be edited.
+is generated and must not be edited. A benchmark not in this run keeps its
+section of the page as it was (with the date and commit it names).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -302,7 +304,7 @@ def _section(name: str, report: Report, changed: Callable[[str], bool | None]) -
     return "\n".join(lines)
 
 
-def _summary(reports: Mapping[str, Report]) -> str:
+def _summary(reports: Mapping[str, Report], kept: Mapping[str, list[Any]]) -> str:
     rows = []
     for target in TARGETS:
         judged = [(n, r) for n, r in reports.items() if kind_of(r) == target.kind]
@@ -310,7 +312,10 @@ def _summary(reports: Mapping[str, Report]) -> str:
             rows.append([target.id, target.what, target.target, "no benchmark yet", "–"])
             continue
         if not judged:
-            rows.append([target.id, target.what, target.target, "not in this run", "–"])
+            rows.append(
+                kept.get(target.id)
+                or [target.id, target.what, target.target, "not in this run", "–"]
+            )
             continue
         verdicts = [(judge(target, r), n) for n, r in judged]
         shown = [(v, n) for v, n in verdicts if v[1] is not None] or verdicts
@@ -324,6 +329,38 @@ def _summary(reports: Mapping[str, Report]) -> str:
     )
 
 
+_HEADING = re.compile(r"^## (.*) \{#(bench-[a-z0-9-]+)\}$")
+_ROW = re.compile(r"^\| (P[0-9]+b?) \|")
+
+
+def _previous(page: str, exclude: set[str]) -> tuple[dict[str, str], dict[str, list[Any]]]:
+    """The sections of a previous page by anchor (but those in ``exclude``), and its
+    summary's rows by target that link to them."""
+    sections: dict[str, str] = {}
+    current: str | None = None
+    for line in page.splitlines():
+        if line.startswith("## "):
+            match = _HEADING.match(line)
+            current = match.group(2) if match and match.group(2) not in exclude else None
+        if current is not None:
+            sections[current] = sections.get(current, "") + line + "\n"
+    rows: dict[str, list[Any]] = {}
+    for line in page.splitlines():
+        match = _ROW.match(line)
+        if match and any(f"(#{anchor})" in line for anchor in sections):
+            rows[match.group(1)] = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+    return {anchor: text.rstrip("\n") + "\n" for anchor, text in sections.items()}, rows
+
+
+def _section_order(text: str) -> tuple[int, str]:
+    """Where a section goes: its benchmark's place, by its title, then its anchor."""
+    match = _HEADING.match(text.splitlines()[0])
+    title, anchor = (match.group(1), match.group(2)) if match else ("", "")
+    titles = [b.title for b in BENCHMARKS.values()]
+    place = next((i for i, t in enumerate(titles) if title.startswith(t)), len(titles))
+    return place, anchor
+
+
 def _order(name: str, report: Report) -> tuple[int, str]:
     kinds = list(BENCHMARKS)
     kind = kind_of(report)
@@ -331,15 +368,25 @@ def _order(name: str, report: Report) -> tuple[int, str]:
 
 
 def render_page(
-    reports: Mapping[str, Report], *, changed: Callable[[str], bool | None] = changed_since
+    reports: Mapping[str, Report],
+    *,
+    changed: Callable[[str], bool | None] = changed_since,
+    previous: str = "",
 ) -> str:
-    """The page for ``reports`` (by file stem, e.g. ``"offload"``)."""
+    """The page for ``reports`` (by file stem, e.g. ``"offload"``); ``previous``: the
+    page as it was, whose sections (and summary rows) of benchmarks not in ``reports``
+    are kept as they were, with the date and commit they name: a run of one benchmark
+    leaves the others' figures on the page."""
     ordered = dict(sorted(reports.items(), key=lambda item: _order(*item)))
-    parts = [HEADER, _summary(ordered)]
-    if not ordered:
+    sections, rows = _previous(previous, exclude={_anchor(name) for name in ordered})
+    parts = [HEADER, _summary(ordered, rows)]
+    if not ordered and not sections:
         parts.append("No benchmark has been run: `make bench` runs them all.")
-    parts += [_section(name, report, changed) for name, report in ordered.items()]
-    missing = [name for name in _MAKE_NAMES if name not in ordered]
+    drawn = [_section(name, report, changed) for name, report in ordered.items()]
+    drawn += list(sections.values())
+    parts += sorted(drawn, key=_section_order)
+    shown = set(ordered) | {anchor.removeprefix("bench-") for anchor in sections}
+    missing = [name for name in _MAKE_NAMES if name not in shown]
     if missing:
         parts.append(
             "## Not in this run\n\nRun any of these, then `make figures`:\n\n"
@@ -389,6 +436,7 @@ def _stamp(args: argparse.Namespace) -> int:
 def _figures(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     reports = load_reports(args.results, args.out) if args.results.is_dir() else {}
-    args.out.write_text(render_page(reports), encoding="utf-8")
+    previous = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
+    args.out.write_text(render_page(reports, previous=previous), encoding="utf-8")
     print(f"wrote {args.out} ({len(reports)} benchmark(s))", file=sys.stderr)
     return 0

@@ -140,6 +140,20 @@ def test_the_page_says_it_is_generated_and_shows_each_run_with_its_machine_and_c
     assert page.index("{#bench-digits-heavy}") < page.index("{#bench-offload}")
 
 
+def test_a_run_of_one_benchmark_keeps_the_others_sections_as_they_were() -> None:
+    first = _page(offload=_offload(1.2), **{"digits-heavy": _runtime()})
+    again = figures_page.render_page(
+        {"offload": _offload(1.1)}, changed=lambda commit: False, previous=first
+    )
+    runtime = first[first.index("## Runtime") : first.index("## Offload")]
+    assert runtime in again  # the runtime's section, word for word, not run again
+    assert again.index("{#bench-digits-heavy}") < again.index("{#bench-offload}")
+    assert "transport 1.1x" in again and "transport 1.2x" not in again  # the new run
+    p1 = next(line for line in first.splitlines() if line.startswith("| P1 |"))
+    assert p1 in again.splitlines()  # its summary row too, linking to the kept section
+    assert "make bench-digits-heavy" not in again.split("## Not in this run")[-1]
+
+
 def test_targets_are_judged_beside_their_figures_and_summed_up_at_the_top() -> None:
     page = _page(offload=_offload(1.2), **{"digits-heavy": _runtime()})
     top = page[page.index("## Targets") : page.index("## Runtime")]
