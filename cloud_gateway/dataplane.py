@@ -39,7 +39,13 @@ from edge_core import __version__
 from edge_core.errors import BadRequest, DeadlineExceeded, EngineError
 from edge_core.names import check_model_name, is_model_name, parse_version
 from edge_core.protocol import packed
-from edge_core.protocol.types import InferRequest, InferResponse, RawAnswer
+from edge_core.protocol.types import (
+    SERVER_TIME,
+    SERVER_US,
+    InferRequest,
+    InferResponse,
+    RawAnswer,
+)
 from edge_core.status import status_of
 from edge_core.tensors import check_rows, format_shape
 
@@ -56,10 +62,6 @@ EXTENSIONS = [
     pictures.EXTENSION,
     packed.EXTENSION,
 ]
-# A request with this parameter (true) is told the time it spent here, in microseconds,
-# as the response's ``edge_server_us``: a device tells its link's share of a round trip.
-SERVER_TIME = "edge_server_time"
-SERVER_US = "edge_server_us"
 # A call ended this close to its deadline is counted as past it. gRPC's own timer ends
 # a call at about the deadline computed from it here, but a client's timer starts
 # before its request is sent: its cancel arrives ahead of the deadline seen here by
@@ -101,6 +103,8 @@ class DataPlane:
         )
         self._clock = clock
         self._batchers: dict[int, DynamicBatcher] = {}  # id(LoadedModel) -> its batcher
+        # pictures decoded at once at most (each up to PICTURE_PIXELS, some 36 MB decoded)
+        self._decoding = asyncio.Semaphore(pictures.DECODING)
         self._ready = False
         self._stopping = False
         # one change of the loaded models at a time (polls, load and unload requests)
@@ -358,10 +362,10 @@ class DataPlane:
         try:
             model = self._model(request.model_name, request.model_version)
             model_label = model.package.name
+            deadline = self._deadline(request, deadline, started)  # before any work
             request = await self._unwire(model, request)
             feed = self._feed(model, request)
             wanted = None if request.outputs is None else self._wanted(model, request)
-            deadline = self._deadline(request, deadline, started)
             if device is not None:
                 self._child(self.metrics.device_requests, device.id, device.group).inc()
             raw = None
@@ -381,7 +385,7 @@ class DataPlane:
                 id=request.id,
                 raw=raw,
             )
-            self._wire(request, response, started)
+            await self._wire(request, response, started, protocol)
         except asyncio.CancelledError:
             self._count_cancelled(model_label or self.label(request.model_name), protocol, deadline)
             raise
@@ -405,26 +409,35 @@ class DataPlane:
                 large.
         """
         descriptor = request.parameters.get(packed.PARAMETER)
-        if descriptor is not None:
-            inputs, datatypes = packed.unpack(
-                request.inputs,
-                request.datatypes,
-                descriptor,
-                max_bytes=self.config.max_body_bytes,
+        if descriptor is not None:  # zlib's work, off the event loop
+            inputs, datatypes = await asyncio.get_running_loop().run_in_executor(
+                None,
+                functools.partial(
+                    packed.unpack,
+                    request.inputs,
+                    request.datatypes,
+                    descriptor,
+                    max_bytes=self.config.max_body_bytes,
+                ),
             )
             request = replace(request, inputs=inputs, datatypes=datatypes, raw=None)
         spec = pictures.picture_spec(model.package, model.inputs, request)
         if spec is not None:
             rows = self.config.batching_for(model.package.name).max_batch_size
-            request = await pictures.decode_pictures(model.package, spec, request, rows)
+            async with self._decoding:
+                request = await pictures.decode_pictures(model.package, spec, request, rows)
         return request
 
-    def _wire(self, request: InferRequest, response: InferResponse, started: float) -> None:
-        """What a device asked of the answer's form: its outputs packed (``edge_compress``),
-        the time the request spent here (``edge_server_time``, in microseconds)."""
+    async def _wire(
+        self, request: InferRequest, response: InferResponse, started: float, protocol: str
+    ) -> None:
+        """What a device asked of the answer's form: its outputs packed (``edge_compress``;
+        only outputs sent as binary data: a packed stream is no JSON value), the time the
+        request spent here (``edge_server_time``, in microseconds)."""
         asked = request.parameters
-        if asked.get(packed.ASK) is True:
-            outputs, _, descriptor = packed.pack(response.outputs)
+        if asked.get(packed.ASK) is True and _binary_outputs(request, protocol):
+            loop = asyncio.get_running_loop()  # zlib's work, off the event loop
+            outputs, _, descriptor = await loop.run_in_executor(None, packed.pack, response.outputs)
             if descriptor is not None:
                 response.outputs = outputs
                 response.parameters[packed.PARAMETER] = descriptor
@@ -540,3 +553,15 @@ def _asks_form(request: InferRequest) -> bool:
     outputs, the time spent here), which an engine's answer relayed as it is lacks."""
     parameters = request.parameters
     return parameters.get(packed.ASK) is True or parameters.get(SERVER_TIME) is True
+
+
+def _binary_outputs(request: InferRequest, protocol: str) -> bool:
+    """Whether every output of the answer goes as binary data (gRPC's always do)."""
+    if protocol == "grpc":
+        return True
+    if request.outputs is None:
+        return request.binary_output
+    return all(
+        o.binary_data if o.binary_data is not None else request.binary_output
+        for o in request.outputs
+    )

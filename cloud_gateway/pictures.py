@@ -7,7 +7,8 @@ This is how a device offloads a picture (a JPEG of a 640x480 frame is about 1/40
 its FP32 tensor), and how any client may send one: the server metadata lists the
 ``edge_pictures`` extension. Bounded before anything is decoded: at most the rows a
 request may hold, each file's pixels by its header (:data:`PICTURE_PIXELS`, or the
-model's input when larger), and decoding runs off the event loop.
+model's input when larger), and :data:`DECODING` requests' pictures at once; decoding
+runs off the event loop.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from edge_core.pictures import EXTENSION, pictures_to_tensor
 from edge_core.protocol.types import InferRequest
 from edge_core.tensors import TensorSpec, numpy_dtype
 
-__all__ = ["EXTENSION", "PICTURE_PIXELS", "decode_pictures", "picture_spec"]
+__all__ = ["DECODING", "EXTENSION", "PICTURE_PIXELS", "decode_pictures", "picture_spec"]
 
 # A file's pixels at most (by its header, before decoding): a 12 MP camera frame, whose
 # decoded RGB takes 36 MB; a JPEG is decoded reduced towards the model's input.
 PICTURE_PIXELS = 12_000_000
+# Requests whose pictures are decoded at once, at most (the others wait their turn): a
+# small PNG can decode to 36 MB, and a client may send many.
+DECODING = 4
 
 
 def picture_spec(

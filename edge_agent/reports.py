@@ -63,8 +63,8 @@ def agent_reports(agent: Agent, streams: dict[str, Any] | None = None) -> dict[s
         "cpu_load": state.cpu_load,
     }
     offload = offload_report(agent)
-    if offload is not None:
-        status["offload"] = offload
+    if offload is not None:  # bytes per model are /metrics' (the gateway keeps the link's)
+        status["offload"] = {k: v for k, v in offload.items() if k != "traffic"}
     return {
         "status": status,
         "decisions": {

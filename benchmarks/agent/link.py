@@ -335,8 +335,11 @@ def _row(
                 down.append(received)
                 answers.append(result.outputs)
         fates = {"cloud_in_time": 0, "missed": 0, "here_up_front": 0}
+        said = ""
         for frame in frames:
-            fates[_fate(agent, frame)] += 1
+            fate, message = _fate(agent, frame)
+            fates[fate] += 1
+            said = said or message
     finally:
         agent.close()
     return {
@@ -348,21 +351,28 @@ def _row(
         "p90_ms": round(float(np.percentile(latencies, 90)), 1),
         "late": sum(1 for ms in latencies if ms > DEFAULT_DEADLINE_MS),  # past 1 s, had it been
         "at_default_deadline": fates,
+        "decision": said,  # the first request's, at the default deadline
         "_answers": answers,
     }
 
 
-def _fate(agent: Agent, frame: dict[str, np.ndarray]) -> str:
-    """What became of one request at the default deadline."""
+def _fate(agent: Agent, frame: dict[str, np.ndarray]) -> tuple[str, str]:
+    """What became of one request at the default deadline, and the decision's words:
+    answered by the cloud in time; here up front, the link priced too slow (by the
+    fallback's stand-in or cached answer, or refused at once); else missed."""
     try:
         result = agent.infer(MODEL, frame, deadline_ms=DEFAULT_DEADLINE_MS)
-    except EdgeError:
-        return "missed"
+    except EdgeError as exc:
+        decision = getattr(exc, "decision", None)
+        if decision is not None and decision.reason == "deadline_remote_too_slow":
+            return "here_up_front", decision.message
+        return "missed", str(exc)
+    message = result.decision.message
     if result.where == "cloud" and result.latency_ms <= DEFAULT_DEADLINE_MS:
-        return "cloud_in_time"
+        return "cloud_in_time", message
     if result.decision.reason == "deadline_remote_too_slow":
-        return "here_up_front"
-    return "missed"
+        return "here_up_front", message
+    return "missed", message
 
 
 def _match(rows: list[dict[str, Any]], package: Any) -> None:

@@ -58,7 +58,11 @@ class FactSheet:
             return None
         package = self.models.package(model)
         picture = package is not None and package.preprocessing is not None
-        raw = sum(a.nbytes for a in arrays.values() if a.dtype != object)
+        # in the datatypes that leave (a uint8 picture as the FP32 its model takes)
+        sizes = {spec.name: spec.dtype.itemsize for spec in package.inputs} if package else {}
+        raw = sum(
+            a.size * sizes.get(name, a.itemsize) for name, a in arrays.items() if a.dtype != object
+        )
         return self.offload.estimate(model, raw, picture=picture)
 
     def of(

@@ -69,5 +69,10 @@ class Transport(ABC):
         """
         return None
 
+    def learnt_extensions(self) -> frozenset[str] | None:
+        """The gateway's extensions as its answers named them (``None``: they do not:
+        a transport that asks for them, :meth:`server_metadata`)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional: transports without connections need nothing
         """Close the connections the transport keeps open."""

@@ -2,24 +2,26 @@
 this device has learnt them. One catalog per gateway (the configured address or
 replica set: replicas share one repository).
 
-- The repository's index (the names the gateway serves), refreshed every
-  :data:`INDEX_TTL_S` (:data:`RECHECK_S` once a request asks for a model it lacks) in
-  a thread of its own, started by the request that finds it stale: no request waits
-  for it. A model the index does not list is one the cloud
-  lacks; before the first index (or when it cannot be asked: MQTT carries requests
-  only) every model is taken as present, as before.
+- The repository's index (the names the gateway serves) and its extensions, listed
+  every :data:`INDEX_TTL_S` (:data:`RECHECK_S` once a request asks for a model the
+  index lacks) in a thread of its own, started by the request that finds them stale
+  (and by the service at start): no request waits for them. A model the index does not
+  list is one the cloud lacks; before the first index (or where it cannot be asked:
+  MQTT carries requests only) every model is taken as present, as before.
 - An offload refused as *not found* marks its model missing at once
-  (:meth:`CloudCatalog.missing`), until the next index says otherwise.
+  (:meth:`CloudCatalog.missing`), until the next index lists it.
 - A model's metadata (the inputs it takes), asked the first time a request for a
   model the device does not hold would leave, within a budget of its deadline, and
   kept :data:`METADATA_TTL_S`: a request that does not fit is refused here, before
-  any byte leaves.
-- The gateway's extensions (whether it takes pictures encoded, ``edge_pictures``,
-  and packed tensors, ``edge_compression``): asked with the first request, kept as
-  long as the index; an MQTT transport learns them from its answers.
+  any byte leaves. A question that failed is not asked again for :data:`FAILED_TTL_S`.
+- The extensions (whether the gateway takes pictures encoded, ``edge_pictures``, and
+  packed tensors, ``edge_compression``): listed with the index, or asked within the
+  budget of the first request that needs them; an MQTT transport learns them from
+  its answers.
 
-Bounded: :data:`ENTRIES` names in the index and as many models' metadata (the least
-recently used forgotten), one question of each kind in flight at a time.
+Bounded: :data:`ENTRIES` names in the index and as many models' metadata and missing
+marks (the least recently used forgotten); one question about a model at a time (the
+others wait for its answer, within their own budget), one listing at a time.
 """
 
 from __future__ import annotations
@@ -50,11 +52,12 @@ FAILED_TTL_S = 5.0  # the gateway could not be asked: not again for this long
 
 @dataclass(frozen=True)
 class CloudModel:
-    """One model as the gateway described it."""
+    """One model as the gateway described it (``inputs`` empty: it could not be asked)."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
     learnt: float
+    failed: bool = False
 
 
 class CloudCatalog:
@@ -67,18 +70,18 @@ class CloudCatalog:
         clock: Callable[[], float] = time.monotonic,
         on_exchange: Callable[[float], None] = lambda seconds: None,
     ) -> None:
-        """``on_exchange(seconds)``: each answered question's time (a small exchange,
-        all round trip: what the link estimator learns the round trip from)."""
+        """``on_exchange(seconds)``: each answered small question's time (all round
+        trip: what the link estimator learns the round trip from)."""
         self.transport = transport
         self._clock = clock
         self._on_exchange = on_exchange
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._index: frozenset[str] | None = None
         self._index_at = float("-inf")
         self._refreshing = False
         self._missing: OrderedDict[str, float] = OrderedDict()
         self._metadata: OrderedDict[str, CloudModel] = OrderedDict()
-        self._asking: dict[str, threading.Lock] = {}
+        self._asking: set[str] = set()
         self._extensions: frozenset[str] | None = None
         self._extensions_at = float("-inf")
         self.questions = 0
@@ -87,8 +90,8 @@ class CloudCatalog:
 
     def lacks(self, model: str) -> bool:
         """Whether the cloud is known not to have ``model`` (no question asked here; a
-        stale index is refreshed in the background, and so is one that lacks the model
-        and is older than :data:`RECHECK_S`: a model published since is found soon)."""
+        stale index is listed again in the background, and so is one that lacks the
+        model and is older than :data:`RECHECK_S`: a model published since is found soon)."""
         self.refresh_in_background()
         now = self._clock()
         with self._lock:
@@ -102,7 +105,7 @@ class CloudCatalog:
         return absent
 
     def missing(self, model: str) -> None:
-        """An offload for ``model`` was refused as not found."""
+        """An offload for ``model`` (any version) was refused as not found."""
         with self._lock:
             self._missing[model] = self._clock()
             self._missing.move_to_end(model)
@@ -127,9 +130,12 @@ class CloudCatalog:
     def extensions(self, *, timeout: float) -> frozenset[str]:
         """The gateway's protocol extensions: kept, or asked within ``timeout`` seconds
         (empty when they cannot be known: nothing is assumed of the gateway)."""
+        if self._clock() - self._extensions_at >= INDEX_TTL_S:
+            self._ask_extensions(timeout)
+        return self._extensions or frozenset()
+
+    def _ask_extensions(self, timeout: float) -> None:
         now = self._clock()
-        if now - self._extensions_at < INDEX_TTL_S:
-            return self._extensions or frozenset()
         try:
             document = self._timed(lambda: self.transport.server_metadata(timeout=timeout))
         except Exception as exc:  # OffloadError, or a transport closed under it
@@ -137,12 +143,11 @@ class CloudCatalog:
             document = None
         found = None
         if document is not None and isinstance(document.get("extensions"), list):
-            found = frozenset(str(e) for e in document["extensions"])
+            found = frozenset(str(e) for e in document["extensions"][:64])
         if found is not None or self._extensions is None:
             self._extensions = found
         # unknown: asked again soon; known: kept as long as the index
         self._extensions_at = now if found is not None else now - INDEX_TTL_S + FAILED_TTL_S
-        return self._extensions or frozenset()
 
     def metadata(self, model: str, *, timeout: float) -> CloudModel | None:
         """What the gateway says ``model`` takes: kept, or asked within ``timeout``
@@ -153,30 +158,36 @@ class CloudCatalog:
         """
         if self.lacks(model):
             raise ModelNotFoundError(f"the cloud does not have {model}")
-        kept = self._kept(model)
-        if kept is not None:
-            return kept
-        with self._lock:
-            asking = self._asking.setdefault(model, threading.Lock())
-        if not asking.acquire(timeout=max(timeout, 0.0)):
-            return None  # another request is asking: this one does not wait longer
-        try:
+        end = self._clock() + max(timeout, 0.0)
+        with self._lock:  # one question about a model at a time: the others wait for it
+            while model in self._asking:
+                left = end - self._clock()
+                if left <= 0 or not self._lock.wait(left):
+                    return None
             kept = self._kept(model)
-            return kept if kept is not None else self._ask(model, timeout)
+            if kept is not None:
+                return None if kept.failed else kept
+            self._asking.add(model)
+        try:
+            entry = self._ask(model, timeout)
         finally:
-            asking.release()
             with self._lock:
-                self._asking.pop(model, None)
+                self._asking.discard(model)
+                self._lock.notify_all()
+        return None if entry.failed else entry
 
     def _kept(self, model: str) -> CloudModel | None:
-        with self._lock:
-            entry = self._metadata.get(model)
-            if entry is None or self._clock() - entry.learnt > METADATA_TTL_S:
-                return None
-            self._metadata.move_to_end(model)
-            return entry
+        """Under the lock: what is kept of ``model`` and still fresh."""
+        entry = self._metadata.get(model)
+        if entry is None:
+            return None
+        ttl = FAILED_TTL_S if entry.failed else METADATA_TTL_S
+        if self._clock() - entry.learnt > ttl:
+            return None
+        self._metadata.move_to_end(model)
+        return entry
 
-    def _ask(self, model: str, timeout: float) -> CloudModel | None:
+    def _ask(self, model: str, timeout: float) -> CloudModel:
         try:
             document = self._timed(lambda: self.transport.model_metadata(model, timeout=timeout))
         except ModelNotFoundError:
@@ -184,10 +195,11 @@ class CloudCatalog:
             raise ModelNotFoundError(f"the cloud does not have {model}") from None
         except Exception as exc:  # OffloadError, or a transport closed under it
             log.debug("the metadata of %s could not be asked: %s", model, exc)
-            return None
+            document = None
         if document is None:
-            return None
-        entry = CloudModel(model, _specs(document.get("inputs")), self._clock())
+            entry = CloudModel(model, (), self._clock(), failed=True)
+        else:
+            entry = CloudModel(model, _specs(document.get("inputs")), self._clock())
         with self._lock:
             self._metadata[model] = entry
             self._metadata.move_to_end(model)
@@ -207,8 +219,11 @@ class CloudCatalog:
     # -- the index, in the background -------------------------------------------------------
 
     def refresh_in_background(self, ttl: float = INDEX_TTL_S) -> None:
-        """List the gateway's models in a thread of its own, unless the index is younger
-        than ``ttl`` seconds or a listing is under way."""
+        """List the gateway's models (and its extensions) in a thread of its own, unless
+        the index is younger than ``ttl`` seconds, a listing is under way, or this
+        transport cannot list."""
+        if not self.transport.asks_the_gateway:
+            return
         with self._lock:
             if self._refreshing or self._clock() - self._index_at < ttl:
                 return
@@ -216,7 +231,10 @@ class CloudCatalog:
         threading.Thread(target=self.refresh, name="cloud-catalog", daemon=True).start()
 
     def refresh(self, timeout: float = 5.0) -> None:
-        """List the gateway's models now (what the background refresh runs)."""
+        """List the gateway's models now, and its extensions when they are stale (what
+        the background refresh runs)."""
+        if self._clock() - self._extensions_at >= INDEX_TTL_S:
+            self._ask_extensions(timeout)
         try:
             self.questions += 1  # not timed: a large index is no round trip
             listed = self.transport.repository_index(timeout=timeout)
@@ -229,12 +247,13 @@ class CloudCatalog:
             if listed is None:  # asked again in a while, the old index kept
                 self._index_at = now - INDEX_TTL_S + FAILED_TTL_S
                 return
-            names = [
+            names = {
                 str(entry.get("name"))
                 for entry in listed
                 if isinstance(entry, dict) and entry.get("state") == "READY"
-            ]
-            self._index = frozenset(names[:ENTRIES]) if len(names) <= ENTRIES else None
+            }
+            # an index too large to keep is not kept: every model is taken as present
+            self._index = frozenset(names) if len(names) <= ENTRIES else None
             self._index_at = now
             for name in self._index or ():
                 self._missing.pop(name, None)

@@ -49,9 +49,9 @@ from edge_agent.policy.rules import PolicyRules
 from edge_agent.privacy import PrivacyInspector
 from edge_core.errors import (
     BreakerOpen,
+    EdgeError,
     InputError,
     ModelNotFoundError,
-    OffloadError,
     OffloadRejected,
     OffloadTimeout,
     OffloadUnavailable,
@@ -59,13 +59,11 @@ from edge_core.errors import (
 from edge_core.package import ModelPackage
 from edge_core.pictures import EXTENSION as PICTURES
 from edge_core.protocol import packed
-from edge_core.protocol.types import InferRequest, InferResponse
+from edge_core.protocol.types import SERVER_TIME, SERVER_US, InferRequest, InferResponse
 from edge_core.tensors import TensorSpec, convert_input, format_shape
 
-__all__ = ["MAX_ANSWER_BYTES", "SERVER_TIME", "OffloadClient", "fitted"]
+__all__ = ["MAX_ANSWER_BYTES", "OffloadClient", "fitted"]
 
-SERVER_TIME = "edge_server_time"  # asks the gateway for its share of the round trip
-SERVER_US = "edge_server_us"
 NOT_FOUND = frozenset({"404", "NOT_FOUND"})
 Array = np.ndarray[Any, Any]
 # an answer's packed outputs, unpacked, at most (the gateway's own body limit)
@@ -110,6 +108,10 @@ class OffloadClient:
     def rules(self) -> PolicyRules:
         return self.guard.rules
 
+    def _budget(self, deadline: float) -> float:
+        """The time a question to the catalog may take of what is left."""
+        return (deadline - self._clock()) * LOOKUP_SHARE
+
     def estimate(self, model: str, raw_bytes: int, *, picture: bool) -> CloudEstimate | None:
         """What an offload of ``model`` with ``raw_bytes`` of tensors is expected to take
         (``picture``: it holds a picture that leaves encoded where the gateway takes it)."""
@@ -129,8 +131,7 @@ class OffloadClient:
         pre = package.preprocessing if package is not None else None
         if pre is None:
             return None
-        budget = (deadline - self._clock()) * LOOKUP_SHARE
-        if PICTURES not in self.catalog.extensions(timeout=budget):
+        if PICTURES not in self.catalog.extensions(timeout=self._budget(deadline)):
             return None
         return round_trip(pre, self.rules.picture_format, self.rules.picture_quality)
 
@@ -150,7 +151,7 @@ class OffloadClient:
         metadata of the model first.
 
         Raises:
-            ModelNotFoundError: the cloud does not have the model.
+            OffloadRejected: the cloud does not have the model (status 404), or refused it.
             InputError: the request does not fit the cloud's model.
             PrivacyRefusal: the exit guard refused the data.
             BreakerOpen: the breaker is open.
@@ -161,16 +162,17 @@ class OffloadClient:
         request_id = request_id or uuid.uuid4().hex
         if package is None:
             request = self._fit_the_cloud(request, deadline)
-        form = self._wire_form(request, package, deadline)
+        # a redacted picture leaves at the quality its redaction was checked at
+        form = self._wire_form(request, package, deadline, step_down=not redacted)
         # checked as it leaves: its pictures as encoded; packing, after, changes no byte
-        self.guard.check(form.request, label=label, redacted=redacted)
+        pre = package.preprocessing if package is not None else None
+        self.guard.check(form.request, label=label, redacted=redacted, preprocessing=pre)
         outgoing = packed_form(form.request, form.extensions)
         outgoing = replace(outgoing, parameters={**outgoing.parameters, SERVER_TIME: True})
         if not self.breaker.allow():
             raise BreakerOpen("the circuit breaker is open: the gateway failed repeatedly")
-        sent = self._clock()
-        response = self._send(outgoing, deadline, request_id)
-        self._learn(request.model_name, form, response, self._clock() - sent)
+        response, seconds = self._send(outgoing, deadline, request_id)
+        self._learn(request, form, response, seconds)
         return self._unpacked(response)
 
     def _fit_the_cloud(self, request: InferRequest, deadline: float) -> InferRequest:
@@ -178,28 +180,33 @@ class OffloadClient:
         that does not fit what the cloud says the model takes; cast it where it
         safely can."""
         model = request.model_name
-        budget = (deadline - self._clock()) * LOOKUP_SHARE
         try:
-            found = self.catalog.metadata(model, timeout=budget)
-        except ModelNotFoundError:
-            raise ModelNotFoundError(
-                f"{model} is not on this device and the cloud does not have it"
+            found = self.catalog.metadata(model, timeout=self._budget(deadline))
+        except ModelNotFoundError:  # the gateway's verdict, as its 404 would have said it
+            raise OffloadRejected(
+                f"{model} is not on this device and the cloud does not have it", status="404"
             ) from None
-        if found is None or not found.inputs:
-            return request
+        if found is None or not found.inputs or request.model_version:
+            return request  # a version the metadata does not describe: the gateway checks
         return fitted(found.inputs, request, model)
 
     def _wire_form(
-        self, request: InferRequest, package: ModelPackage | None, deadline: float
+        self,
+        request: InferRequest,
+        package: ModelPackage | None,
+        deadline: float,
+        *,
+        step_down: bool = True,
     ) -> WireForm:
         rules = self.rules
-        budget = (deadline - self._clock()) * LOOKUP_SHARE
-        extensions = self.catalog.extensions(timeout=budget)
+        extensions = self.catalog.extensions(timeout=self._budget(deadline))
         model = request.model_name
 
         def fits(nbytes: int) -> bool:
-            estimate = self.costs.estimate_bytes(model, nbytes, self.costs.expected_down(model))
             left_ms = (deadline - self._clock()) * 1000 - rules.deadline_margin_ms
+            if not step_down or left_ms <= 0:  # no other quality, or no time to make one
+                return True
+            estimate = self.costs.estimate_bytes(model, nbytes, self.costs.expected_down(model))
             return estimate is None or estimate.total_ms <= left_ms
 
         return wire_form(
@@ -211,8 +218,11 @@ class OffloadClient:
             fits=fits,
         )
 
-    def _send(self, request: InferRequest, deadline: float, request_id: str) -> InferResponse:
-        """The transport's answer, with retries, within the deadline, through the breaker."""
+    def _send(
+        self, request: InferRequest, deadline: float, request_id: str
+    ) -> tuple[InferResponse, float]:
+        """The transport's answer, with retries, within the deadline, through the breaker,
+        and the time the answered attempt took (not the pauses and failed tries before)."""
         attempt = 0
         while True:
             remaining = deadline - self._clock()
@@ -220,6 +230,7 @@ class OffloadClient:
                 self.breaker.release()  # nothing was sent: nothing learnt about the link
                 raise OffloadTimeout("the deadline passed before the request could be sent")
             self.attempts += 1
+            sent = self._clock()
             try:
                 response = self.transport.infer(request, timeout=remaining, request_id=request_id)
             except OffloadUnavailable:
@@ -239,8 +250,8 @@ class OffloadClient:
                 raise
             except OffloadRejected as exc:
                 self.breaker.success()  # the link works; the request was wrong
-                if exc.status in NOT_FOUND:
-                    self.catalog.missing(request.model_name)
+                if exc.status in NOT_FOUND and not request.model_version:
+                    self.catalog.missing(request.model_name)  # not just a version it lacks
                 raise
             except Exception as exc:  # a transport's own bug or a closed channel
                 self.breaker.failure()
@@ -248,15 +259,18 @@ class OffloadClient:
                     f"the {self.transport.name} transport failed: {exc!r}"
                 ) from exc
             self.breaker.success()
-            return response
+            return response, self._clock() - sent
 
-    def _learn(self, model: str, form: WireForm, response: InferResponse, elapsed: float) -> None:
+    def _learn(
+        self, request: InferRequest, form: WireForm, response: InferResponse, elapsed: float
+    ) -> None:
         """What an answered request says of the link and of the model."""
-        extensions = getattr(self.transport, "extensions", None)
-        if isinstance(extensions, list):  # MQTT: the answers name them
-            self.catalog.learn_extensions(frozenset(extensions))
+        extensions = self.transport.learnt_extensions()
+        if extensions is not None:  # MQTT: the answers name them
+            self.catalog.learn_extensions(extensions)
         if response.wire_bytes is None:
             return
+        model = request.model_name
         up, down = response.wire_bytes
         server_us = response.parameters.pop(SERVER_US, None)
         server_s = server_us / 1e6 if isinstance(server_us, int) else None
@@ -281,7 +295,7 @@ class OffloadClient:
                 descriptor,
                 max_bytes=MAX_ANSWER_BYTES,
             )
-        except (InputError, OffloadError) as exc:
+        except EdgeError as exc:  # malformed, or more than this device unpacks
             raise OffloadRejected(f"malformed packed answer: {exc}") from exc
         return replace(response, outputs=outputs)
 

@@ -9,8 +9,10 @@ bytes sent as a share of the request's raw tensors (a picture encoded is a few p
 of its FP32 tensor; a packed map less), the bytes received, and the time the gateway
 held it. A model not offloaded yet is priced at its raw bytes (a picture that will
 leave encoded at :data:`FIRST_PICTURE_SHARE` of them), and has no gateway time yet:
-no estimate, and the first request goes to learn it. Bounded: :data:`MODELS` models
-(the least recently used forgotten).
+no estimate, and the first request goes to learn it; so does the first after the
+gateway's time for it is older than the link's ``STALE_S``. Bounded: :data:`MODELS`
+models (the least recently used forgotten; the totals, :attr:`sent` and
+:attr:`received`, are never forgotten).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edge_agent.offload.link import LinkEstimator
+from edge_agent.offload.link import STALE_S, LinkEstimator
 
 __all__ = ["CloudEstimate", "OffloadCosts"]
 
@@ -67,6 +69,7 @@ class _Model:
     share: float | None = None  # bytes sent / raw bytes
     down: float | None = None  # bytes received
     server_s: float | None = None
+    server_at: float = float("-inf")  # when the gateway's time was learnt
     sent: int = 0  # totals, for the counters
     received: int = 0
     answered: int = 0
@@ -80,6 +83,7 @@ class OffloadCosts:
     """The link and what each model's offloads took (thread-safe)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.link = LinkEstimator(clock=clock)
         self._models: OrderedDict[str, _Model] = OrderedDict()
         self._lock = threading.Lock()
@@ -106,6 +110,7 @@ class OffloadCosts:
             entry.down = _average(entry.down, float(received))
             if server_s is not None:
                 entry.server_s = _average(entry.server_s, server_s)
+                entry.server_at = self._clock()
             entry.sent += sent
             entry.received += received
             entry.answered += 1
@@ -147,7 +152,8 @@ class OffloadCosts:
         """As :meth:`estimate`, for exchanges of ``up`` and ``down`` bytes."""
         with self._lock:
             entry = self._models.get(model)
-            server_s = entry.server_s if entry is not None else None
+            fresh = entry is not None and self._clock() - entry.server_at <= STALE_S
+            server_s = entry.server_s if entry is not None and fresh else None
         link = self.link.estimate(up + down)
         if link is None or server_s is None:
             return None

@@ -49,9 +49,18 @@ class ExitGuard:
             self.refusals[reason] += 1
         return PrivacyRefusal(message)
 
-    def check(self, request: InferRequest, *, label: str | None, redacted: bool) -> None:
-        """Raise :class:`PrivacyRefusal` when ``request`` may not leave the device."""
-        pre = self._preprocessing(request.model_name)
+    def check(
+        self,
+        request: InferRequest,
+        *,
+        label: str | None,
+        redacted: bool,
+        preprocessing: ImagePreprocessing | None = None,
+    ) -> None:
+        """Raise :class:`PrivacyRefusal` when ``request`` may not leave the device.
+        ``preprocessing``: how the model's pictures are laid out, where the caller holds
+        its package (an update's), else the guard's own lookup."""
+        pre = preprocessing or self._preprocessing(request.model_name)
         # what was redacted must pass the stronger eye, not the detector that chose the boxes
         findings = self.inspector.inspect(request.inputs, pre, strict=redacted)
         effective = self.rules.effective_label(label, set(findings.kinds))

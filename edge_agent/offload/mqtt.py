@@ -135,7 +135,7 @@ class MqttTransport(Transport):
             f"the gateway refused ({waiter.status}): {waiter.result}", status=str(waiter.status)
         )
 
-    def server_metadata(self, *, timeout: float) -> dict[str, Any] | None:
+    def learnt_extensions(self) -> frozenset[str] | None:
         """What the gateway's answers said of its extensions (MQTT carries requests
-        only: nothing is asked)."""
-        return None if self.extensions is None else {"extensions": list(self.extensions)}
+        only: nothing can be asked)."""
+        return None if self.extensions is None else frozenset(self.extensions)

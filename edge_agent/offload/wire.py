@@ -16,7 +16,8 @@
   layout with sides (``NHWC``, ``NCHW``), no ``fit`` crop (the gateway would crop the
   crop again), and files smaller than the tensor.
 - **The quality steps down to meet a deadline**, by :data:`QUALITY_STEP`, never below
-  the manifest's ``min_quality`` (without one, never below the policy's quality).
+  the manifest's ``min_quality`` (without one, never below the policy's quality; with
+  one above the policy's quality, that one).
 - **Other tensors are packed**: each large one that compresses leaves as a zlib
   stream (:mod:`edge_core.protocol.packed`, exact), and the answer's are asked for
   packed too.
@@ -58,13 +59,12 @@ Array = np.ndarray[Any, Any]
 
 @dataclass(frozen=True)
 class WireForm:
-    """A request as it leaves, the bytes of its tensors before, and the pictures'
-    quality (``None``: no picture left encoded lossily)."""
+    """A request as it leaves (its pictures encoded), the bytes of its tensors before,
+    and the extensions the gateway listed (what :func:`packed_form` may use)."""
 
     request: InferRequest
     raw_bytes: int
     extensions: Set[str]
-    quality: int | None = None
 
 
 def wire_bytes(request: InferRequest) -> int:
@@ -92,11 +92,10 @@ def wire_form(
     many bytes up meets the request's deadline (a picture that does not is encoded
     again at a lower quality, within the manifest's bounds)."""
     raw = sum(array.nbytes for array in request.inputs.values() if array.dtype != object)
-    used: int | None = None
     pre = package.preprocessing if package is not None else None
     if PICTURES in extensions and pre is not None and picture_format != "tensor":
-        request, used = _pictures(request, pre, picture_format, quality, fits)
-    return WireForm(request, raw, extensions, used)
+        request = _pictures(request, pre, picture_format, quality, fits)
+    return WireForm(request, raw, extensions)
 
 
 def packed_form(request: InferRequest, extensions: Set[str]) -> InferRequest:
@@ -118,19 +117,18 @@ def _pictures(
     fmt: str,
     quality: int,
     fits: Callable[[int], bool],
-) -> tuple[InferRequest, int | None]:
-    """The request with its pictures encoded, at the highest quality on the way down
-    to the manifest's floor that ``fits``; and that quality (``None``: lossless, or
-    not encoded)."""
-    if pre.lossless:
-        return encode_pictures(request, pre, "png", None), None
-    floor = min(pre.min_quality or quality, quality)
+) -> InferRequest:
+    """The request with its pictures encoded: losslessly (PNG) where the manifest or
+    the policy says so; else at the highest quality on the way down to the manifest's
+    ``min_quality`` that ``fits`` (never below it, whatever the policy's quality)."""
+    if pre.lossless or fmt == "png":
+        return encode_pictures(request, pre, "png", None)
+    floor = pre.min_quality or quality
+    quality = max(quality, floor)
     while True:
         encoded = encode_pictures(request, pre, fmt, quality)
-        if encoded is request:
-            return request, None
-        if quality <= floor or fits(wire_bytes(encoded)):
-            return encoded, quality
+        if encoded is request or quality <= floor or fits(wire_bytes(encoded)):
+            return encoded
         quality = max(quality - QUALITY_STEP, floor)
 
 

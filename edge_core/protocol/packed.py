@@ -36,6 +36,7 @@ PARAMETER = "edge_packed"  # in a request or response: which tensors are packed,
 ASK = "edge_compress"  # in a request (true): pack the outputs of the answer
 MIN_BYTES = 16 * 1024
 MIN_SAVING = 0.1
+MAX_DESCRIPTOR = 64 * 1024  # characters: a few hundred tensors' names and shapes
 LEVEL = 1  # zlib's fastest: about 2 ms a megabyte here, within a few percent of level 6
 
 Array = np.ndarray[Any, Any]
@@ -106,9 +107,11 @@ def unpack(
 
 def _entries(descriptor: Any) -> dict[str, tuple[str, list[int]]]:
     """The descriptor's tensors: name -> (datatype, shape), each checked."""
+    if isinstance(descriptor, str) and len(descriptor) > MAX_DESCRIPTOR:
+        raise InputError(f"parameter {PARAMETER!r} is longer than {MAX_DESCRIPTOR:,} characters")
     try:
         document = json.loads(descriptor) if isinstance(descriptor, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
         document = None
     if not isinstance(document, dict):
         raise InputError(f"parameter {PARAMETER!r} must be a JSON object (a string)")

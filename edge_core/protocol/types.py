@@ -20,6 +20,8 @@ from edge_core.errors import ProtocolError
 from edge_core.tensors import DATATYPES, numpy_dtype
 
 __all__ = [
+    "SERVER_TIME",
+    "SERVER_US",
     "InferRequest",
     "InferResponse",
     "RawAnswer",
@@ -36,6 +38,10 @@ __all__ = [
 Array = np.ndarray[Any, Any]
 
 MAX_TIMEOUT_US = 2**63 - 1  # what gRPC's int64_param holds
+# A request's parameter (true): tell me the time you held me, as the answer's SERVER_US
+# (microseconds): how a device tells its link's share of a round trip.
+SERVER_TIME = "edge_server_time"
+SERVER_US = "edge_server_us"
 _LENGTH = re.compile(r"[0-9]{1,19}")
 
 

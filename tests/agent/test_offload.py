@@ -101,6 +101,41 @@ def test_unavailable_is_retried_with_growing_jittered_pauses() -> None:
     assert offload.breaker.state == "closed"
 
 
+def test_the_link_learns_from_the_answered_attempt_not_the_pauses_before_it() -> None:
+    """Retries, their pauses and a dead replica say nothing of the link: only the
+    attempt that was answered is timed, with its own bytes and the gateway's time."""
+    clock = Clock()
+
+    class Answering(FakeTransport):
+        def infer(
+            self, request: InferRequest, *, timeout: float, request_id: str = ""
+        ) -> InferResponse:
+            answer = super().infer(request, timeout=timeout, request_id=request_id)
+            answer.parameters["edge_server_us"] = 500  # of its 1 ms
+            return replace(answer, wire_bytes=(300, 100))
+
+    transport = Answering(clock, [OffloadUnavailable("down")] * 2, cost=0.001)
+    offload = client(transport, clock, retries=2, backoff_s=0.05)
+    offload.infer(make_request(), deadline=1.0)
+    assert offload.retried == 2 and clock.now > 0.05  # it paused between the tries
+    estimate = offload.costs.link.estimate(400)
+    assert estimate is not None and estimate.rtt_ms == pytest.approx(0.5)  # 1 ms less 0.5
+    assert offload.costs.traffic()["m"] == {"sent": 300, "received": 100, "answered": 1}
+
+
+def test_a_version_the_cloud_lacks_does_not_mark_the_model_missing() -> None:
+    clock = Clock()
+    lacks = OffloadRejected("no version 9 of 'm'", status="404")
+    transport = FakeTransport(clock, [lacks, OffloadRejected("no model 'm'", status="404")])
+    offload = client(transport, clock)
+    with pytest.raises(OffloadRejected):
+        offload.infer(replace(make_request(), model_version="9"), deadline=1.0)
+    assert not offload.catalog.lacks("m")
+    with pytest.raises(OffloadRejected):
+        offload.infer(make_request(), deadline=1.0)
+    assert offload.catalog.lacks("m")
+
+
 def test_replicas_take_turns_and_a_request_fails_over_within_its_deadline() -> None:
     from edge_agent.offload import FailoverTransport
 

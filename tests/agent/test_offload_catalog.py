@@ -76,14 +76,14 @@ def test_the_index_says_what_the_cloud_lacks_and_is_refreshed_in_the_background(
     waited = wait_for_index(catalog)
     assert waited == frozenset({"digits-heavy"})
     assert catalog.lacks("digits-xl") and not catalog.lacks("digits-heavy")
-    assert gateway.asked == ["index"]
+    assert gateway.asked == ["server", "index"]  # the extensions come with the index
     gateway.models["digits-xl"] = PIXELS  # published later: known at the next refresh
     clock.now += INDEX_TTL_S + 1
     gateway.listing.clear()
     assert catalog.lacks("digits-xl")  # the old index answers while the new one comes
     gateway.listing.set()
     wait_for(lambda: not catalog.lacks("digits-xl"))
-    assert gateway.asked == ["index", "index"]
+    assert gateway.asked == ["server", "index", "server", "index"]
 
 
 def test_a_refusal_as_not_found_marks_a_model_missing_until_an_index_lists_it() -> None:
@@ -178,8 +178,10 @@ def test_mqtt_learns_the_extensions_from_its_answers() -> None:
 
     transport = MqttTransport(Connection())  # type: ignore[arg-type]
     assert not transport.asks_the_gateway
-    assert transport.server_metadata(timeout=1.0) is None
-    transport.extensions = ["edge_pictures", "edge_compression"]
+    assert transport.server_metadata(timeout=1.0) is None  # nothing can be asked
+    assert transport.learnt_extensions() is None  # nor was anything answered yet
+    transport.extensions = ["edge_pictures", "edge_compression"]  # as an answer named them
+    assert transport.learnt_extensions() == frozenset(transport.extensions)
     client = OffloadClient(transport)
-    assert client.catalog.extensions(timeout=1.0) == frozenset(transport.extensions)
-    assert client.costs.link.samples == 0  # nothing was asked over the link
+    assert not client.catalog.lacks("anything")  # no index, and no listing started
+    assert client.catalog.questions == 0 and client.costs.link.samples == 0

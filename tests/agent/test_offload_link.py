@@ -103,3 +103,40 @@ def test_models_kept_are_bounded_and_totals_are_not_forgotten() -> None:
         costs.observe(f"m{index}", raw_bytes=10, sent=10, received=1, total_s=0.01, server_s=0.0)
     assert len(costs.traffic()) == MODELS and not costs.knows("m0")
     assert costs.sent == 10 * (MODELS + 10)
+
+
+def test_without_small_exchanges_the_parts_are_fitted_or_not_guessed() -> None:
+    """MQTT asks the gateway nothing: with no small exchange, a line through samples of
+    different sizes tells the round trip from the transfer; samples of one size do not,
+    and no bandwidth is claimed (an exchange of that size is still priced right)."""
+    same = LinkEstimator(clock=Clock())
+    for _ in range(4):
+        same.observe(100_000, *exchange(10, 40, 100_000, 50.0))
+    estimate = same.estimate(100_000)
+    assert estimate is not None and estimate.bandwidth_mbit_s is None
+    assert estimate.network_ms == pytest.approx(40 + 80, rel=0.01)  # all of it, as the trip
+    varied = LinkEstimator(clock=Clock())
+    for size in (60_000, 120_000, 240_000, 60_000, 120_000):
+        varied.observe(size, *exchange(10, 40, size, 50.0))
+    fitted = varied.estimate(240_000)
+    assert fitted is not None and fitted.bandwidth_mbit_s == pytest.approx(10, rel=0.05)
+    assert fitted.rtt_ms == pytest.approx(40, abs=2)
+
+
+def test_a_stale_transfer_or_gateway_time_lets_the_next_request_go() -> None:
+    """Small exchanges keep the round trip fresh; what a transfer takes, and the
+    gateway's time for a model, go stale on their own: no estimate, so a model once
+    judged too slow is tried again."""
+    clock = Clock()
+    costs = OffloadCosts(clock=clock)
+    costs.link.observe(500, 0.04, 0.0)
+    total, server = exchange(2, 40, 400_000, 60.0)
+    costs.observe(
+        "big", raw_bytes=400_000, sent=400_000, received=0, total_s=total, server_s=server
+    )
+    assert costs.estimate("big", 400_000, picture=False) is not None
+    clock.now += STALE_S + 1
+    costs.link.observe(500, 0.04, 0.0)  # small traffic goes on
+    assert costs.link.estimate(500) is not None  # the round trip is fresh
+    assert costs.link.estimate(400_000) is None  # the transfer is not
+    assert costs.estimate("big", 400_000, picture=False) is None  # nor the gateway's time

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 from skimage import data
 
-from edge_agent.offload.wire import QUALITY_STEP, packed_form, wire_bytes, wire_form
+from edge_agent.offload.wire import (
+    QUALITY_STEP,
+    WireForm,
+    encode_pictures,
+    packed_form,
+    wire_bytes,
+    wire_form,
+)
 from edge_core.package import ModelPackage
 from edge_core.pictures import image_to_tensor, pictures_to_tensor
 from edge_core.protocol import packed
@@ -35,6 +42,17 @@ def frame(package: ModelPackage) -> InferRequest:
     return InferRequest(inputs={"x": tensor}, datatypes={"x": "FP32"}, model_name=package.name)
 
 
+def quality_of(form: WireForm, request: InferRequest, package: ModelPackage) -> int:
+    """The JPEG quality a form's picture was encoded at (encoding is deterministic)."""
+    pre = package.preprocessing
+    assert pre is not None
+    sent = form.request.inputs["x"][0]
+    for quality in range(100, 0, -1):
+        if encode_pictures(request, pre, "jpeg", quality).inputs["x"][0] == sent:
+            return quality
+    raise AssertionError("not a JPEG of this picture at any quality")
+
+
 def test_a_picture_leaves_as_a_jpeg_that_the_gateway_makes_the_same_tensor_again(
     ppocr: ModelPackage,
 ) -> None:
@@ -42,7 +60,7 @@ def test_a_picture_leaves_as_a_jpeg_that_the_gateway_makes_the_same_tensor_again
     tensor = request.inputs["x"]
     assert tensor.shape == (1, 3, 480, 640) and tensor.nbytes == 3_686_400
     form = wire_form(request, ppocr, BOTH, picture_format="jpeg", quality=90)
-    assert form.raw_bytes == tensor.nbytes and form.quality == 90
+    assert form.raw_bytes == tensor.nbytes and quality_of(form, request, ppocr) == 90
     files = form.request.inputs["x"]
     assert form.request.datatypes == {"x": "BYTES"} and files.shape == (1,)
     assert files[0][:2] == b"\xff\xd8"  # a JPEG
@@ -63,7 +81,7 @@ def test_a_model_that_needs_every_pixel_gets_a_png_and_the_exact_tensor(
     lossless = replace(ppocr, preprocessing=replace(pre, lossless=True))
     form = wire_form(frame(ppocr), lossless, BOTH, picture_format="jpeg", quality=90)
     files = form.request.inputs["x"]
-    assert files[0][:4] == b"\x89PNG" and form.quality is None
+    assert files[0][:4] == b"\x89PNG"
     again, _ = pictures_to_tensor(list(files), pre, ppocr.name, max_pixels=10**7)
     assert np.allclose(again, frame(ppocr).inputs["x"], atol=1e-6)
 
@@ -79,19 +97,29 @@ def test_the_quality_steps_down_to_meet_a_deadline_never_below_the_manifests_flo
         asked.append(nbytes)
         return False
 
+    request = frame(ppocr)
     floor = replace(ppocr, preprocessing=replace(pre, min_quality=50))
-    form = wire_form(frame(ppocr), floor, BOTH, picture_format="jpeg", quality=90, fits=fits)
-    assert form.quality == 50
+    form = wire_form(request, floor, BOTH, picture_format="jpeg", quality=90, fits=fits)
+    assert quality_of(form, request, ppocr) == 50
     assert len(asked) == 3 and QUALITY_STEP == 15  # 90, 75, 60; at the floor it leaves as is
     assert asked == sorted(asked, reverse=True)  # each step is smaller
     # enough for quality 75: it stops there
     form = wire_form(
-        frame(ppocr), floor, BOTH, picture_format="jpeg", quality=90, fits=lambda n: n < asked[0]
+        request, floor, BOTH, picture_format="jpeg", quality=90, fits=lambda n: n < asked[0]
     )
-    assert form.quality == 75
+    assert quality_of(form, request, ppocr) == 75
     # no floor in the manifest: the policy's quality is the only one
-    form = wire_form(frame(ppocr), ppocr, BOTH, picture_format="jpeg", quality=90, fits=fits)
-    assert form.quality == 90
+    none = replace(ppocr, preprocessing=replace(pre, min_quality=None))
+    form = wire_form(request, none, BOTH, picture_format="jpeg", quality=90, fits=fits)
+    assert quality_of(form, request, ppocr) == 90
+    # a floor above the policy's quality: never below it
+    high = replace(ppocr, preprocessing=replace(pre, min_quality=80))
+    form = wire_form(request, high, BOTH, picture_format="jpeg", quality=50, fits=fits)
+    assert quality_of(form, request, ppocr) == 80
+    # PNG: nothing to step down
+    asked.clear()
+    form = wire_form(request, floor, BOTH, picture_format="png", quality=90, fits=fits)
+    assert form.request.inputs["x"][0][:4] == b"\x89PNG" and asked == []
 
 
 def test_pictures_leave_as_tensors_where_a_picture_cannot_stand_for_them(
@@ -104,7 +132,7 @@ def test_pictures_leave_as_tensors_where_a_picture_cannot_stand_for_them(
         (None, BOTH, "jpeg"),  # a model the device does not hold: no manifest to go by
     ):
         form = wire_form(request, package, extensions, picture_format=fmt, quality=90)
-        assert form.request is request and form.quality is None
+        assert form.request is request
     pre = ppocr.preprocessing
     assert pre is not None
     cropped = replace(ppocr, preprocessing=replace(pre, fit="box"))  # would be cropped again

@@ -124,7 +124,6 @@ def test_metrics_and_telemetry_show_the_links_counters(broker: TestBroker, tmp_p
                 "bytes_sent": 0,
                 "bytes_received": 0,
             },
-            "traffic": {},
             "cloud_models": None,
         }
     finally:

@@ -67,6 +67,8 @@ def test_unpacking_is_bounded_before_it_starts() -> None:
         (json.dumps({"map": ["FP32", [-1]]}), "non-negative integers"),
         (json.dumps({"gone": ["FP32", [1]]}), "expected one BYTES element"),
         (7, "must be a JSON object"),
+        ("[" * 100_000, "longer than 65,536 characters"),
+        ("[" * 50_000, "must be a JSON object"),  # nested past the parser's depth
     ],
 )
 def test_a_malformed_descriptor_is_an_input_error(descriptor: object, message: str) -> None:

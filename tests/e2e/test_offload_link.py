@@ -29,7 +29,7 @@ from edge_agent.profiles import ProfileStore
 from edge_agent.profiles.state import DeviceState
 from edge_agent.reports import offload_report
 from edge_agent.service.metrics import ServiceMetrics
-from edge_core.errors import InputError, ModelNotFoundError, PrivacyRefusal
+from edge_core.errors import InputError, ModelNotFoundError, OffloadRejected, PrivacyRefusal
 from edge_core.pictures import image_to_tensor
 from edge_core.protocol.types import InferRequest
 from edge_core.repository import ModelRepository
@@ -228,6 +228,18 @@ def test_nothing_leaves_for_a_model_the_cloud_lacks(
         assert metric(gateway, "gateway_requests_total", model="digits-heavy") == 0
     finally:
         agent.close()
+    # before any index, an unsure light answer whose heavy model neither the device nor
+    # the cloud has: the cloud's metadata says so, and the local answer stands, degraded
+    light_only = tmp_path / "light-only"
+    shutil.copytree(MODELS / "digits-light", light_only / "digits-light")
+    fresh = agent_over(transport_for("grpc", gateway), ModelRepository(light_only))
+    try:
+        result = fresh.infer("digits-light", {"pixels": low_and_high_confidence()[0]})
+        assert result.where == "device" and result.model == "digits-light"
+        if result.decision.reason != "not_in_cloud":  # the index was not listed yet
+            assert result.degraded and "the cloud does not have it" in (result.error or "")
+    finally:
+        fresh.close()
     # a model neither the device nor the cloud has, and nothing to stand in: said so
     agent = agent_over(transport_for("grpc", gateway), models)
     try:
@@ -270,8 +282,9 @@ def test_a_malformed_request_never_leaves_the_device(
             agent.infer("digits-xxl", wrong)  # the index does not list it
         fresh = OffloadClient(transport_for("http", gateway))  # no index yet: asked
         request = InferRequest(wrong, {"pixels": "FP32"}, model_name="digits-xxl")
-        with pytest.raises(ModelNotFoundError, match="not on this device and the cloud does"):
+        with pytest.raises(OffloadRejected, match="not on this device and the cloud does") as no:
             fresh.infer(request, deadline=time.monotonic() + 5)
+        assert no.value.status == "404"  # the gateway's verdict, as its own 404 would say
         fresh.close()
         assert metric(gateway, "gateway_requests_total", model="digits-light") == before
         assert metric(gateway, "gateway_requests_total", model="digits-xl") == 0

@@ -144,6 +144,25 @@ def test_packed_tensors_go_both_ways_when_asked(
     assert np.array_equal(answer, plain_map)  # packed exactly
 
 
+def test_outputs_asked_for_as_json_are_never_packed(gateway: GatewayHandle) -> None:
+    """A packed stream is no JSON value: only outputs sent as binary data are packed."""
+    client = thttp.InferenceServerClient(gateway.http_url)
+    zeros = np.zeros((1, 3, 256, 256), np.float32)
+    tensor_input = thttp.InferInput("x", list(zeros.shape), "FP32")
+    tensor_input.set_data_from_numpy(zeros)
+    as_json = thttp.InferRequestedOutput(OUTPUT, binary_data=False)
+    result = client.infer(
+        "ppocr-det",
+        [tensor_input],
+        outputs=[as_json],
+        headers=gateway.headers(),
+        parameters={packed.ASK: True},
+    )
+    response = result.get_response()
+    assert packed.PARAMETER not in response.get("parameters", {})
+    assert result.as_numpy(OUTPUT).shape == (1, 1, 256, 256)
+
+
 def test_a_malformed_or_oversized_packed_tensor_is_refused(gateway: GatewayHandle) -> None:
     client = thttp.InferenceServerClient(gateway.http_url)
     element = files(b"\x78\x01" + bytes(30))
