@@ -241,11 +241,11 @@ class Delayed(Transport):
         return answer
 
     def server_metadata(self, *, timeout: float) -> dict[str, Any] | None:
-        if self.hide:
-            return {"extensions": ["binary_tensor_data"]}
         answer: dict[str, Any] | None = self._delayed(
             lambda: self.inner.server_metadata(timeout=timeout)
         )
+        if self.hide and answer is not None:
+            answer = {**answer, "extensions": ["binary_tensor_data"]}
         return answer
 
     def repository_index(self, *, timeout: float) -> list[dict[str, Any]] | None:
