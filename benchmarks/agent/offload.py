@@ -41,6 +41,7 @@ import numpy as np
 
 from benchmarks.agent.grpc_echo import METHOD
 from benchmarks.agent.hybrid import bench_agent, gateway_process
+from edge_agent.offload.base import Transport
 from edge_agent.profiles.schema import DeviceProfile
 from edge_core.processes import stop_process
 from edge_core.protocol.grpc import request_to_proto
@@ -129,7 +130,7 @@ class _Paths:
 NAMES = ("echo", "transport", "agent")
 
 
-class _Canned:
+class _Canned(Transport):
     """A transport that answers at once with a response it was given: what is left
     of the agent's offload path is the agent's own work."""
 
@@ -138,11 +139,10 @@ class _Canned:
     def __init__(self, response: InferResponse) -> None:
         self.response = response
 
-    def infer(self, request: InferRequest, *, timeout: float, request_id: str = "") -> Any:
+    def infer(
+        self, request: InferRequest, *, timeout: float, request_id: str = ""
+    ) -> InferResponse:
         return self.response
-
-    def close(self) -> None:
-        pass
 
 
 def _own_cost(agent: Any, inputs: np.ndarray[Any, Any], requests: int) -> list[int]:
